@@ -1,0 +1,47 @@
+// kiln::Error: the one exception type thrown at kiln's API boundary, with a stable code.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace kiln {
+
+/// Thrown for every user error (bad graph, bad data file, bad argument). `code()` is stable
+/// across releases, e.g. "kiln.verify.shape", so programs and tests can branch on it; the
+/// message names the node, file or argument that was wrong.
+class Error : public std::runtime_error {
+public:
+  Error(std::string code, const std::string& message)
+      : std::runtime_error("[" + code + "] " + message), code_(std::move(code)) {}
+
+  /// The stable error code, e.g. "kiln.data.truncated".
+  [[nodiscard]] const std::string& code() const noexcept { return code_; }
+
+private:
+  std::string code_;
+};
+
+/// Stable error codes. Every code here has a test that triggers it.
+namespace errc {
+inline constexpr std::string_view shape = "kiln.verify.shape";       ///< incompatible shapes
+inline constexpr std::string_view dtype = "kiln.verify.dtype";       ///< wrong element type
+inline constexpr std::string_view arity = "kiln.verify.arity";       ///< wrong input count
+inline constexpr std::string_view graph = "kiln.verify.graph";       ///< malformed graph
+inline constexpr std::string_view attr = "kiln.verify.attr";         ///< bad op attribute
+inline constexpr std::string_view argument = "kiln.api.argument";    ///< bad API argument
+inline constexpr std::string_view not_found = "kiln.api.not_found";  ///< unknown name
+inline constexpr std::string_view label = "kiln.data.label";         ///< label out of range
+inline constexpr std::string_view io = "kiln.data.io";               ///< cannot open/read
+inline constexpr std::string_view magic = "kiln.data.magic";         ///< not an IDX file
+inline constexpr std::string_view truncated = "kiln.data.truncated"; ///< file too short
+inline constexpr std::string_view format = "kiln.data.format";       ///< bad header field
+inline constexpr std::string_view missing_data = "kiln.data.missing"; ///< no data directory
+} // namespace errc
+
+/// Throws kiln::Error with `code` and `message`.
+[[noreturn]] inline void fail(std::string_view code, const std::string& message) {
+  throw Error(std::string(code), message);
+}
+
+} // namespace kiln

@@ -1,0 +1,67 @@
+// Attribute structs of the ops: plain values, copied into the plan and read by kernels.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <variant>
+
+#include "kiln/core/shape.hpp"
+
+namespace kiln {
+
+class Tensor;
+
+/// Ops without attributes.
+struct NoAttrs {};
+
+/// A named graph input fed by the user each run. `label_classes` > 0 marks an i32 input used
+/// as class labels in [0, label_classes); the executor checks every fed label against it.
+struct InputAttrs {
+  std::string name;
+  std::int64_t label_classes = 0;
+};
+
+/// A persistent tensor (parameter or optimizer state) living outside the arena.
+struct ParamAttrs {
+  std::string name;
+  std::shared_ptr<Tensor> tensor;
+};
+
+/// A scalar operand: the fill value, the factor of mul_scalar, the addend of add_scalar.
+struct ScalarAttrs {
+  float value = 0.0f;
+};
+
+/// out = op(a)·op(b) with op = transpose when the flag is set; inputs are row-major 2-D.
+struct MatMulAttrs {
+  bool transpose_a = false;
+  bool transpose_b = false;
+};
+
+/// Convolution geometry, shared by conv2d and both its gradients. Weight layout OIHW.
+struct Conv2dAttrs {
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;
+};
+
+/// Square pooling window. Padding for max pooling counts as -inf, for average pooling the
+/// divisor is always kernel*kernel (PyTorch's count_include_pad=true).
+struct Pool2dAttrs {
+  int kernel = 2;
+  int stride = 2;
+  int padding = 0;
+};
+
+/// Inverted dropout: mask elements are 0 with probability p, else 1/(1-p). The mask is a
+/// pure function of (seed, run counter, element index), so it is reproducible and parallel.
+struct DropoutAttrs {
+  float p = 0.5f;
+  std::uint64_t seed = 0;
+};
+
+/// Every attribute kind; a node holds exactly one.
+using Attrs = std::variant<NoAttrs, InputAttrs, ParamAttrs, ScalarAttrs, MatMulAttrs,
+                           Conv2dAttrs, Pool2dAttrs, DropoutAttrs>;
+
+} // namespace kiln
