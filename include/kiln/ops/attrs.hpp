@@ -28,9 +28,20 @@ struct ParamAttrs {
   std::shared_ptr<Tensor> tensor;
 };
 
-/// A scalar operand: the fill value, the factor of mul_scalar, the addend of add_scalar.
+/// A scalar operand: the factor of mul_scalar, the addend of add_scalar.
 struct ScalarAttrs {
   float value = 0.0f;
+};
+
+/// A target shape: of reshape, broadcast_to and sum_to.
+struct ShapeAttrs {
+  Shape shape;
+};
+
+/// A tensor of `shape` filled with `value` (e.g. the seed gradient 1 of a loss).
+struct FillAttrs {
+  float value = 0.0f;
+  Shape shape;
 };
 
 /// out = op(a)·op(b) with op = transpose when the flag is set; inputs are row-major 2-D.
@@ -40,17 +51,22 @@ struct MatMulAttrs {
 };
 
 /// Convolution geometry, shared by conv2d and both its gradients. Weight layout OIHW.
+/// `input_h/input_w` and `kernel_h/kernel_w` record the shapes the gradients must produce.
 struct Conv2dAttrs {
   int stride_h = 1, stride_w = 1;
   int pad_h = 0, pad_w = 0;
+  int kernel_h = 0, kernel_w = 0;
+  std::int64_t input_h = 0, input_w = 0;
 };
 
 /// Square pooling window. Padding for max pooling counts as -inf, for average pooling the
 /// divisor is always kernel*kernel (PyTorch's count_include_pad=true).
+/// `input_h/input_w` record the input size, which avgpool2d_grad must reproduce.
 struct Pool2dAttrs {
   int kernel = 2;
   int stride = 2;
   int padding = 0;
+  std::int64_t input_h = 0, input_w = 0;
 };
 
 /// Inverted dropout: mask elements are 0 with probability p, else 1/(1-p). The mask is a
@@ -58,10 +74,11 @@ struct Pool2dAttrs {
 struct DropoutAttrs {
   float p = 0.5f;
   std::uint64_t seed = 0;
+  Shape shape;
 };
 
 /// Every attribute kind; a node holds exactly one.
-using Attrs = std::variant<NoAttrs, InputAttrs, ParamAttrs, ScalarAttrs, MatMulAttrs,
-                           Conv2dAttrs, Pool2dAttrs, DropoutAttrs>;
+using Attrs = std::variant<NoAttrs, InputAttrs, ParamAttrs, ScalarAttrs, ShapeAttrs, FillAttrs,
+                           MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs>;
 
 } // namespace kiln

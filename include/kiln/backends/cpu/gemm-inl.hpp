@@ -1,4 +1,5 @@
-// Per-target gemm kernels; re-included once per Highway target by implementation.hpp.
+// Per-target GEMM (packed, cache-blocked, register-blocked SIMD) and the MatMul kernel;
+// re-included once per Highway target by implementation.hpp.
 #if defined(KILN_CPU_GEMM_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KILN_CPU_GEMM_INL_H_
 #undef KILN_CPU_GEMM_INL_H_
@@ -6,15 +7,291 @@
 #define KILN_CPU_GEMM_INL_H_
 #endif
 
+#include <algorithm>
+#include <cstddef>
+
 #include <hwy/highway.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-inline void RegisterGemmKernels(KernelTable& table) { (void)table; }
+// Micro-tile: kGemmMR rows x kGemmNV vectors of accumulators. Sized to the register file:
+// AVX-512 has 32 registers (24 accumulators + 3 B vectors + 1 broadcast), the others 16.
+#if HWY_TARGET == HWY_SCALAR
+inline constexpr std::size_t kGemmMR = 4;
+inline constexpr std::size_t kGemmNVWanted = 2;
+#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+inline constexpr std::size_t kGemmMR = 8;
+inline constexpr std::size_t kGemmNVWanted = 3;
+#else
+inline constexpr std::size_t kGemmMR = 6;
+inline constexpr std::size_t kGemmNVWanted = 2;
+#endif
+
+using GemmTag = hn::ScalableTag<float>;
+inline constexpr std::size_t kGemmMaxLanes = hn::MaxLanes(GemmTag());
+// Wide scalable vectors get fewer of them so a tile never exceeds the workspace's slack.
+inline constexpr std::size_t kGemmNV =
+    std::max<std::size_t>(1, std::min(kGemmNVWanted, gemm_blocking::max_nr / kGemmMaxLanes));
+static_assert(kGemmMR <= gemm_blocking::max_mr, "workspace sizing assumes a smaller tile");
+
+/// Columns of a micro-tile (and of a packed B sliver) on this target.
+HWY_INLINE std::size_t GemmNR() { return kGemmNV * hn::Lanes(GemmTag()); }
+
+/// A strided matrix operand: element (i, j) is p[i * rs + j * cs]. A transpose is a swap of the
+/// strides, so the packing routines read op(A) and op(B) in whatever order they are stored.
+struct MatRef {
+  const float* p = nullptr;
+  std::size_t rs = 0;
+  std::size_t cs = 1;
+};
+
+/// The B operand of Gemm: either a strided matrix that Gemm packs itself, or one the caller
+/// already packed (convolution builds its column matrix directly in this form): NR-wide
+/// slivers of the full depth, element (k, j) at packed[((j / NR) * depth + k) * NR + j % NR],
+/// zero beyond column N.
+struct GemmB {
+  MatRef ref{};
+  const float* packed = nullptr;
+  std::size_t depth = 0;
+};
+
+/// The slice of args.workspace that belongs to the calling worker thread.
+inline float* ThreadScratch(const KernelArgs& args) {
+  const int t = tbb::this_task_arena::current_thread_index();
+  const std::size_t slot = t < 0 ? 0 : static_cast<std::size_t>(t);
+  return reinterpret_cast<float*>(args.workspace + slot * args.workspace_per_thread);
+}
+
+/// c[0:m, 0:n] (+)= a_sliver · b_sliver over depth kc. a holds MR values per k, b NR values per
+/// k. Full tiles go straight to C; edge tiles go through a stack buffer so that the packed
+/// operands' zero padding never reaches memory outside C.
+template <std::size_t MR, std::size_t NV>
+HWY_INLINE void MicroKernel(std::size_t kc, const float* HWY_RESTRICT a,
+                            const float* HWY_RESTRICT b, float* HWY_RESTRICT c, std::size_t ldc,
+                            std::size_t m, std::size_t n, bool accumulate) {
+  const GemmTag d;
+  using V = hn::Vec<GemmTag>;
+  const std::size_t lanes = hn::Lanes(d);
+  const std::size_t nr = NV * lanes;
+  V acc[MR][NV];
+  HWY_UNROLL(8)
+  for (std::size_t r = 0; r < MR; ++r) {
+    HWY_UNROLL(4)
+    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
+  }
+  for (std::size_t k = 0; k < kc; ++k) {
+    V bv[NV];
+    HWY_UNROLL(4)
+    for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, b + v * lanes);
+    HWY_UNROLL(8)
+    for (std::size_t r = 0; r < MR; ++r) {
+      const V av = hn::Set(d, a[r]);
+      HWY_UNROLL(4)
+      for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+    }
+    a += MR;
+    b += nr;
+  }
+  if (m == MR && n == nr) {
+    HWY_UNROLL(8)
+    for (std::size_t r = 0; r < MR; ++r) {
+      HWY_UNROLL(4)
+      for (std::size_t v = 0; v < NV; ++v) {
+        float* p = c + r * ldc + v * lanes;
+        const V sum = accumulate ? hn::Add(acc[r][v], hn::LoadU(d, p)) : acc[r][v];
+        hn::StoreU(sum, d, p);
+      }
+    }
+    return;
+  }
+  alignas(64) float tile[MR * NV * kGemmMaxLanes];
+  for (std::size_t r = 0; r < MR; ++r) {
+    for (std::size_t v = 0; v < NV; ++v) hn::Store(acc[r][v], d, tile + r * nr + v * lanes);
+  }
+  for (std::size_t r = 0; r < m; ++r) {
+    float* row = c + r * ldc;
+    const float* t = tile + r * nr;
+    if (accumulate) {
+      for (std::size_t j = 0; j < n; ++j) row[j] += t[j];
+    } else {
+      for (std::size_t j = 0; j < n; ++j) row[j] = t[j];
+    }
+  }
+}
+
+/// Packs rows [i0, i0 + mc) x depth [k0, k0 + kc) of op(A) into MR-row slivers (k-major, MR
+/// values per k), zero-padding the last sliver's missing rows.
+inline void PackA(const MatRef& a, std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc,
+                  float* HWY_RESTRICT dst) {
+  constexpr std::size_t mr = kGemmMR;
+  for (std::size_t s = 0; s < mc; s += mr, dst += kc * mr) {
+    const std::size_t rows = std::min(mr, mc - s);
+    if (a.cs == 1) {
+      // Rows are contiguous in k: stream each row once.
+      for (std::size_t r = 0; r < rows; ++r) {
+        const float* src = a.p + (i0 + s + r) * a.rs + k0;
+        for (std::size_t k = 0; k < kc; ++k) dst[k * mr + r] = src[k];
+      }
+    } else {
+      for (std::size_t k = 0; k < kc; ++k) {
+        const float* src = a.p + (i0 + s) * a.rs + (k0 + k) * a.cs;
+        for (std::size_t r = 0; r < rows; ++r) dst[k * mr + r] = src[r * a.rs];
+      }
+    }
+    if (rows < mr) {
+      for (std::size_t k = 0; k < kc; ++k) {
+        for (std::size_t r = rows; r < mr; ++r) dst[k * mr + r] = 0.0f;
+      }
+    }
+  }
+}
+
+/// Packs depth [k0, k0 + kc) x columns [j0, j0 + nc) of op(B) into NR-column slivers (NR values
+/// per k), zero-padding the last sliver's missing columns.
+inline void PackB(const MatRef& b, std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc,
+                  float* HWY_RESTRICT dst) {
+  const GemmTag d;
+  const std::size_t lanes = hn::Lanes(d);
+  const std::size_t nr = GemmNR();
+  for (std::size_t s = 0; s < nc; s += nr, dst += kc * nr) {
+    const std::size_t cols = std::min(nr, nc - s);
+    if (b.cs == 1) {
+      for (std::size_t k = 0; k < kc; ++k) {
+        const float* src = b.p + (k0 + k) * b.rs + j0 + s;
+        float* out = dst + k * nr;
+        if (cols == nr) {
+          for (std::size_t v = 0; v < nr; v += lanes) hn::StoreU(hn::LoadU(d, src + v), d, out + v);
+        } else {
+          for (std::size_t j = 0; j < cols; ++j) out[j] = src[j];
+        }
+      }
+    } else {
+      // Columns are contiguous in k (a transposed operand): transpose in blocks of 16 k so
+      // the destination block (16 x NR floats) stays in L1 while each column is read.
+      constexpr std::size_t kb = 16;
+      for (std::size_t k = 0; k < kc; k += kb) {
+        const std::size_t kn = std::min(kb, kc - k);
+        for (std::size_t j = 0; j < cols; ++j) {
+          const float* src = b.p + (k0 + k) * b.rs + (j0 + s + j) * b.cs;
+          float* out = dst + k * nr + j;
+          for (std::size_t i = 0; i < kn; ++i) out[i * nr] = src[i * b.rs];
+        }
+      }
+    }
+    if (cols < nr) {
+      for (std::size_t k = 0; k < kc; ++k) {
+        for (std::size_t j = cols; j < nr; ++j) dst[k * nr + j] = 0.0f;
+      }
+    }
+  }
+}
+
+/// Single-threaded C[0:m, 0:n] = op(A) · op(B) (+ C when `accumulate`), C row-major with row
+/// stride ldc. pack_a needs gemm_packed_a_floats(m, k) floats and pack_b, unless B is
+/// pre-packed, gemm_packed_b_floats(n, k); both 64-byte aligned. Never allocates.
+inline void Gemm(std::size_t m, std::size_t n, std::size_t k, const MatRef& a, const GemmB& b,
+                 float* HWY_RESTRICT c, std::size_t ldc, bool accumulate, float* HWY_RESTRICT pack_a,
+                 float* HWY_RESTRICT pack_b) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate) {
+      for (std::size_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, 0.0f);
+    }
+    return;
+  }
+  constexpr std::size_t mr = kGemmMR;
+  const std::size_t nr = GemmNR();
+  const std::size_t mc_block = std::max(mr, gemm_blocking::mc / mr * mr);
+  const std::size_t nc_block = std::max(nr, gemm_blocking::nc / nr * nr);
+  for (std::size_t pc = 0; pc < k; pc += gemm_blocking::kc) {
+    const std::size_t kc = std::min(gemm_blocking::kc, k - pc);
+    // Later depth blocks add onto the partial sums of the earlier ones.
+    const bool acc = accumulate || pc > 0;
+    for (std::size_t ic = 0; ic < m; ic += mc_block) {
+      const std::size_t mc = std::min(mc_block, m - ic);
+      PackA(a, ic, mc, pc, kc, pack_a);
+      for (std::size_t jc = 0; jc < n; jc += nc_block) {
+        const std::size_t nc = std::min(nc_block, n - jc);
+        const float* panel = nullptr;
+        std::size_t sliver_stride = 0;
+        if (b.packed != nullptr) {
+          panel = b.packed + ((jc / nr) * b.depth + pc) * nr;
+          sliver_stride = b.depth * nr;
+        } else {
+          PackB(b.ref, pc, kc, jc, nc, pack_b);
+          panel = pack_b;
+          sliver_stride = kc * nr;
+        }
+        // The A sliver (MR x kc) stays in L1 while the B panel streams from L2.
+        for (std::size_t ir = 0; ir < mc; ir += mr) {
+          const float* a_sliver = pack_a + (ir / mr) * kc * mr;
+          float* c_row = c + (ic + ir) * ldc + jc;
+          const std::size_t rows = std::min(mr, mc - ir);
+          for (std::size_t jr = 0; jr < nc; jr += nr) {
+            MicroKernel<kGemmMR, kGemmNV>(kc, a_sliver, panel + (jr / nr) * sliver_stride,
+                                          c_row + jr, ldc, rows, std::min(nr, nc - jr), acc);
+          }
+        }
+      }
+    }
+  }
+}
+
+/// Op::MatMul: out[M,N] = op(A) · op(B). Splits C into tiles, one GEMM per tile on the
+/// running thread's workspace slice; tiles are square-ish because each one re-packs its rows
+/// of A and columns of B.
+inline void MatMulKernel(const KernelArgs& args) {
+  const MatMulDims dims = matmul_dims(args);
+  const std::size_t m = dims.m, n = dims.n, k = dims.k;
+  if (m == 0 || n == 0) return;
+  const MatMulLayout layout = matmul_layout(m, n, k);
+  const MatRef a = dims.transpose_a ? MatRef{args.in[0].f32(), 1, m} : MatRef{args.in[0].f32(), k, 1};
+  const MatRef b = dims.transpose_b ? MatRef{args.in[1].f32(), 1, k} : MatRef{args.in[1].f32(), n, 1};
+  float* c = args.out.f32();
+
+  constexpr std::size_t mr = kGemmMR;
+  const std::size_t nr = GemmNR();
+  const auto tile_of = [](std::size_t len, std::size_t parts, std::size_t unit) {
+    const std::size_t t = (len + parts - 1) / parts;
+    return (t + unit - 1) / unit * unit;
+  };
+  const auto threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
+  // A few tiles per thread let work stealing even out the ragged edge tiles.
+  const std::size_t wanted = threads <= 1 ? 1 : 4 * threads;
+  std::size_t gm = 1, gn = 1;
+  while (gm * gn < wanted) {
+    const std::size_t tm = tile_of(m, gm, mr), tn = tile_of(n, gn, nr);
+    const bool split_m = tm >= 4 * mr, split_n = tn >= 2 * nr;
+    if (split_m && (!split_n || tm >= tn)) {
+      gm *= 2;
+    } else if (split_n) {
+      gn *= 2;
+    } else {
+      break;
+    }
+  }
+  const std::size_t tm = tile_of(m, gm, mr), tn = tile_of(n, gn, nr);
+  const std::size_t tiles_m = (m + tm - 1) / tm, tiles_n = (n + tn - 1) / tn;
+  tbb::parallel_for(std::size_t{0}, tiles_m * tiles_n, [&](std::size_t t) {
+    const std::size_t i0 = t / tiles_n * tm, j0 = t % tiles_n * tn;
+    float* scratch = ThreadScratch(args);
+    const MatRef a_tile{a.p + i0 * a.rs, a.rs, a.cs};
+    const GemmB b_tile{MatRef{b.p + j0 * b.cs, b.rs, b.cs}};
+    Gemm(std::min(tm, m - i0), std::min(tn, n - j0), k, a_tile, b_tile, c + i0 * n + j0, n, false,
+         scratch + layout.pack_a, scratch + layout.pack_b);
+  });
+}
+
+inline void RegisterGemmKernels(KernelTable& table) {
+  table.run[op_index(Op::MatMul)] = &MatMulKernel;
+}
 
 } // namespace kiln::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

@@ -1,19 +1,178 @@
 // Scratch memory each CPU kernel needs per worker thread; the planner reserves it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <variant>
 
 #include "kiln/ops/op_list.hpp"
 #include "kiln/runtime/kernel_args.hpp"
 
 namespace kiln::cpu {
 
+/// Cache blocking of the CPU GEMM. The kernels (gemm-inl.hpp) and the sizing below share these
+/// numbers so a workspace computed here is always large enough for every SIMD target.
+namespace gemm_blocking {
+/// Depth of a packed panel: an MR x kc sliver of A stays in L1 while B streams from L2.
+inline constexpr std::size_t kc = 256;
+/// Rows of A packed at once; bounds the packed-A buffer, not a cache level.
+inline constexpr std::size_t mc = 256;
+/// Columns of a packed B panel: kc x nc floats (512 KiB) is meant to live in L2.
+inline constexpr std::size_t nc = 512;
+/// Largest micro-tile of any target; edges round up to the tile, so buffers carry this slack.
+inline constexpr std::size_t max_mr = 8;
+inline constexpr std::size_t max_nr = 64;
+} // namespace gemm_blocking
+
+/// Floats are handed out in 64-byte units so every buffer starts on a cache line.
+constexpr std::size_t round_up_floats(std::size_t n) { return (n + 15) / 16 * 16; }
+
+/// Floats of the packed-A buffer of a GEMM with op(A) of M x K.
+constexpr std::size_t gemm_packed_a_floats(std::size_t m, std::size_t k) {
+  using namespace gemm_blocking;
+  return round_up_floats((std::min(mc, m) + max_mr) * std::min(kc, k));
+}
+
+/// Floats of the packed-B panel of a GEMM with op(B) of K x N.
+constexpr std::size_t gemm_packed_b_floats(std::size_t n, std::size_t k) {
+  using namespace gemm_blocking;
+  return round_up_floats((std::min(nc, n) + max_nr) * std::min(kc, k));
+}
+
+/// Floats of a whole K x N operand B stored pre-packed (NR-wide slivers, full depth).
+constexpr std::size_t gemm_prepacked_b_floats(std::size_t n, std::size_t k) {
+  return round_up_floats((n + gemm_blocking::max_nr) * k);
+}
+
+/// Per-thread scratch of the MatMul kernel, in floats: packed A then packed B.
+struct MatMulLayout {
+  std::size_t pack_a = 0, pack_b = 0, total = 0;
+};
+
+inline MatMulLayout matmul_layout(std::size_t m, std::size_t n, std::size_t k) {
+  MatMulLayout l;
+  l.pack_a = 0;
+  l.pack_b = gemm_packed_a_floats(m, k);
+  l.total = l.pack_b + gemm_packed_b_floats(n, k);
+  return l;
+}
+
+/// M, N, K of a MatMul call, read from its shapes and attributes.
+struct MatMulDims {
+  std::size_t m = 0, n = 0, k = 0;
+  bool transpose_a = false, transpose_b = false;
+};
+
+inline MatMulDims matmul_dims(const KernelArgs& args) {
+  MatMulDims d;
+  const auto* attrs = args.attrs ? std::get_if<MatMulAttrs>(args.attrs) : nullptr;
+  if (attrs) {
+    d.transpose_a = attrs->transpose_a;
+    d.transpose_b = attrs->transpose_b;
+  }
+  const Shape& a = args.in[0].shape;
+  d.m = static_cast<std::size_t>(args.out.shape[0]);
+  d.n = static_cast<std::size_t>(args.out.shape[1]);
+  d.k = static_cast<std::size_t>(d.transpose_a ? a[0] : a[1]);
+  return d;
+}
+
+/// Sizes of one convolution, whichever of conv2d / its gradients is being run.
+struct ConvGeometry {
+  std::size_t batch = 0, c = 0, h = 0, w = 0; // input x
+  std::size_t o = 0, kh = 0, kw = 0;          // weight [O, C, KH, KW]
+  std::size_t oh = 0, ow = 0;                 // output y
+  std::size_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+
+  /// Rows of the column matrix: one per (input channel, kernel row, kernel column).
+  [[nodiscard]] std::size_t ckk() const { return c * kh * kw; }
+  /// Output pixels per image: the columns of the column matrix.
+  [[nodiscard]] std::size_t pixels() const { return oh * ow; }
+  /// 1x1, stride 1, no padding: the column matrix is the image itself.
+  [[nodiscard]] bool pointwise() const {
+    return kh == 1 && kw == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0;
+  }
+};
+
+/// Reads the geometry from the shapes of a Conv2d, Conv2dGradInput or Conv2dGradWeight call.
+inline ConvGeometry conv_geometry(Op op, const KernelArgs& args) {
+  ConvGeometry g;
+  const auto* attrs = args.attrs ? std::get_if<Conv2dAttrs>(args.attrs) : nullptr;
+  if (attrs) {
+    g.stride_h = static_cast<std::size_t>(attrs->stride_h);
+    g.stride_w = static_cast<std::size_t>(attrs->stride_w);
+    g.pad_h = static_cast<std::size_t>(attrs->pad_h);
+    g.pad_w = static_cast<std::size_t>(attrs->pad_w);
+  }
+  const auto u = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  // x / dx, the weight / its gradient, and y / dy, wherever this op keeps them.
+  const Shape& x = op == Op::Conv2dGradInput ? args.out.shape : args.in[0].shape;
+  const Shape& w = op == Op::Conv2dGradWeight ? args.out.shape : args.in[1].shape;
+  const Shape& y = op == Op::Conv2d            ? args.out.shape
+                   : op == Op::Conv2dGradInput ? args.in[0].shape
+                                               : args.in[1].shape;
+  g.batch = u(x[0]);
+  g.c = u(x[1]);
+  g.h = u(x[2]);
+  g.w = u(x[3]);
+  g.o = u(w[0]);
+  g.kh = u(w[2]);
+  g.kw = u(w[3]);
+  g.oh = u(y[2]);
+  g.ow = u(y[3]);
+  return g;
+}
+
+/// Per-thread scratch of the convolution kernels, in floats from the slice start.
+/// col: the image's column matrix (pre-packed GEMM operand, or GEMM output for grad-input);
+/// partial: this thread's dW accumulator (grad-weight only).
+struct ConvLayout {
+  std::size_t col = 0, pack_a = 0, pack_b = 0, partial = 0, total = 0;
+};
+
+inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
+  ConvLayout l;
+  const std::size_t p = g.pixels(), ckk = g.ckk();
+  std::size_t at = 0;
+  const auto take = [&at](std::size_t floats) {
+    const std::size_t start = at;
+    at += round_up_floats(floats);
+    return start;
+  };
+  if (op == Op::Conv2d) {
+    // y = W · col: col is B (K = ckk, N = pixels), packed while it is built.
+    l.col = take(gemm_prepacked_b_floats(p, ckk));
+    l.pack_a = take(gemm_packed_a_floats(g.o, ckk));
+  } else if (op == Op::Conv2dGradInput) {
+    // dcol = W^T · dy, then scattered into dx; a pointwise conv writes dx directly.
+    l.col = take(g.pointwise() ? 0 : ckk * p);
+    l.pack_a = take(gemm_packed_a_floats(ckk, g.o));
+    l.pack_b = take(gemm_packed_b_floats(p, g.o));
+  } else {
+    // dW += dy · col^T: col^T is B (K = pixels, N = ckk), packed while it is built.
+    l.col = take(gemm_prepacked_b_floats(ckk, p));
+    l.pack_a = take(gemm_packed_a_floats(g.o, p));
+    l.partial = take(g.o * ckk);
+  }
+  l.total = at;
+  return l;
+}
+
 /// Bytes of scratch memory the kernel of `op` needs per worker thread for these shapes
 /// (args.in[i].shape, args.out.shape, args.attrs are set; data pointers are not).
+/// Always a multiple of 64, so every thread's slice stays cache-line aligned.
 inline std::size_t workspace_per_thread(Op op, const KernelArgs& args) {
-  (void)op;
-  (void)args;
-  return 0;
+  switch (op) {
+  case Op::MatMul: {
+    const MatMulDims d = matmul_dims(args);
+    return matmul_layout(d.m, d.n, d.k).total * sizeof(float);
+  }
+  case Op::Conv2d:
+  case Op::Conv2dGradInput:
+  case Op::Conv2dGradWeight: return conv_layout(op, conv_geometry(op, args)).total * sizeof(float);
+  default: return 0;
+  }
 }
 
 } // namespace kiln::cpu

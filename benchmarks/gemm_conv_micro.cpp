@@ -1,0 +1,117 @@
+// Single-thread GFLOP/s of the CPU matmul and convolution kernels on the MNIST CNN's shapes.
+//
+//   g++ -std=c++20 -O2 -Iinclude benchmarks/gemm_conv_micro.cpp -lhwy -ltbb -o gemm_conv_micro
+//   ./gemm_conv_micro [threads=1] [repeats=21]
+//
+// Prints, per shape, the median and min..max GFLOP/s over `repeats` timed runs (after one
+// warm-up run) with FLOPs = 2 x multiply-adds of the op.
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include <tbb/task_arena.h>
+
+#include "kiln/backends/cpu/implementation.hpp"
+#include "kiln/backends/cpu/workspace.hpp"
+#include "kiln/core/rng.hpp"
+
+namespace {
+
+struct alignas(64) Line {
+  std::byte bytes[64];
+};
+
+struct Input {
+  kiln::Shape shape;
+  std::vector<float> data;
+};
+
+Input random_input(kiln::Shape shape, std::uint64_t seed) {
+  kiln::Rng rng(seed);
+  Input in{shape, std::vector<float>(static_cast<std::size_t>(shape.numel()))};
+  for (float& v : in.data) v = rng.uniform(-1.0f, 1.0f);
+  return in;
+}
+
+/// Times op on random inputs and prints one table row.
+void bench(const char* name, kiln::Op op, std::vector<Input> inputs, kiln::Shape out_shape,
+           const kiln::Attrs& attrs, double flops, int repeats) {
+  std::vector<float> out(static_cast<std::size_t>(out_shape.numel()));
+  kiln::KernelArgs args;
+  for (Input& in : inputs) {
+    args.in[static_cast<std::size_t>(args.num_inputs++)] =
+        kiln::TensorView{in.data.data(), in.shape, kiln::DType::f32};
+  }
+  args.out = kiln::TensorView{out.data(), out_shape, kiln::DType::f32};
+  args.attrs = &attrs;
+  args.workspace_per_thread = kiln::cpu::workspace_per_thread(op, args);
+  const auto threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
+  std::vector<Line> workspace(threads * args.workspace_per_thread / sizeof(Line) + 1);
+  args.workspace = reinterpret_cast<std::byte*>(workspace.data());
+  const kiln::KernelFn fn = kiln::cpu::kernel_table().run[kiln::op_index(op)];
+
+  fn(args);
+  std::vector<double> gflops;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn(args);
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    gflops.push_back(flops / dt.count() * 1e-9);
+  }
+  std::sort(gflops.begin(), gflops.end());
+  std::printf("%-34s %8.1f   %6.1f..%6.1f   %8.3f ms   ws %zu KiB/thread\n", name,
+              gflops[gflops.size() / 2], gflops.front(), gflops.back(),
+              flops / gflops[gflops.size() / 2] * 1e-6, args.workspace_per_thread / 1024);
+}
+
+void bench_conv(const char* name, kiln::Op op, std::int64_t n, std::int64_t c, std::int64_t hw,
+                std::int64_t o, int repeats) {
+  const std::int64_t k = 3, ohw = hw - k + 1;
+  const kiln::Shape x{n, c, hw, hw}, w{o, c, k, k}, y{n, o, ohw, ohw};
+  const kiln::Attrs attrs = kiln::Conv2dAttrs{};
+  const double flops = 2.0 * static_cast<double>(n * o * ohw * ohw * c * k * k);
+  if (op == kiln::Op::Conv2d) {
+    bench(name, op, {random_input(x, 1), random_input(w, 2)}, y, attrs, flops, repeats);
+  } else if (op == kiln::Op::Conv2dGradInput) {
+    bench(name, op, {random_input(y, 1), random_input(w, 2)}, x, attrs, flops, repeats);
+  } else {
+    bench(name, op, {random_input(x, 1), random_input(y, 2)}, w, attrs, flops, repeats);
+  }
+}
+
+void bench_matmul(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, bool ta,
+                  bool tb, int repeats) {
+  const kiln::Shape a = ta ? kiln::Shape{k, m} : kiln::Shape{m, k};
+  const kiln::Shape b = tb ? kiln::Shape{n, k} : kiln::Shape{k, n};
+  const kiln::Attrs attrs = kiln::MatMulAttrs{ta, tb};
+  bench(name, kiln::Op::MatMul, {random_input(a, 1), random_input(b, 2)}, kiln::Shape{m, n}, attrs,
+        2.0 * static_cast<double>(m * n * k), repeats);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
+  const int repeats = argc > 2 ? std::atoi(argv[2]) : 21;
+  std::printf("target %s, %d thread(s), batch 64, %d repeats\n",
+              kiln::cpu::kernel_table().target_name, threads, repeats);
+  std::printf("%-34s %8s   %14s   %11s\n", "shape", "GFLOP/s", "min..max", "median");
+  tbb::task_arena arena(threads);
+  arena.execute([&] {
+    using kiln::Op;
+    bench_conv("conv 1->32 3x3 28x28", Op::Conv2d, 64, 1, 28, 32, repeats);
+    bench_conv("conv 1->32 dW", Op::Conv2dGradWeight, 64, 1, 28, 32, repeats);
+    bench_conv("conv 32->64 3x3 26x26", Op::Conv2d, 64, 32, 26, 64, repeats);
+    bench_conv("conv 32->64 dX", Op::Conv2dGradInput, 64, 32, 26, 64, repeats);
+    bench_conv("conv 32->64 dW", Op::Conv2dGradWeight, 64, 32, 26, 64, repeats);
+    bench_matmul("matmul [64,9216]x[128,9216]^T", 64, 128, 9216, false, true, repeats);
+    bench_matmul("matmul [128,64]^T x [64,9216] (dW)", 128, 9216, 64, true, false, repeats);
+    bench_matmul("matmul [64,128]x[128,9216] (dX)", 64, 9216, 128, false, false, repeats);
+    bench_matmul("matmul [64,128]x[10,128]^T", 64, 10, 128, false, true, repeats);
+  });
+  return 0;
+}

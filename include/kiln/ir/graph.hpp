@@ -1,0 +1,142 @@
+// The IR: a graph of single-output nodes in topological order, and Value handles to them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/core/dtype.hpp"
+#include "kiln/core/error.hpp"
+#include "kiln/core/shape.hpp"
+#include "kiln/ops/attrs.hpp"
+#include "kiln/ops/op_list.hpp"
+#include "kiln/runtime/tensor.hpp"
+
+namespace kiln {
+
+/// Index of a node; node %i defines value %i.
+using ValueId = std::int32_t;
+
+/// Static type of a value: shape and element type.
+struct TensorType {
+  Shape shape;
+  DType dtype = DType::f32;
+  friend bool operator==(const TensorType&, const TensorType&) = default;
+};
+
+/// One operation. Inputs always refer to earlier nodes, so node order is a valid schedule.
+struct Node {
+  Op op = Op::Input;
+  std::vector<ValueId> inputs;
+  Attrs attrs;
+  TensorType type;
+};
+
+class Graph;
+
+/// A handle to a value of a graph, what the builder functions take and return.
+struct Value {
+  Graph* graph = nullptr;
+  ValueId id = -1;
+
+  [[nodiscard]] bool valid() const { return graph != nullptr && id >= 0; }
+  [[nodiscard]] const Node& node() const;
+  [[nodiscard]] const Shape& shape() const { return node().type.shape; }
+  [[nodiscard]] DType dtype() const { return node().type.dtype; }
+  friend bool operator==(const Value& a, const Value& b) { return a.graph == b.graph && a.id == b.id; }
+};
+
+/// Infers the output type of a node about to be added; throws kiln::Error naming the node.
+/// Defined in ops/registry.hpp so that the graph does not depend on every op family.
+TensorType infer_type(const Graph& graph, ValueId id, Op op, const std::vector<ValueId>& inputs,
+                      const Attrs& attrs);
+
+/// A computation graph. Builder functions (kiln::add, kiln::conv2d, nn layers, autodiff)
+/// append nodes; each append checks shapes and dtypes at once, so errors point at the line
+/// that built the bad node. Values hold a pointer to their graph: a Graph does not move.
+class Graph {
+public:
+  Graph() = default;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  /// A named input fed before each run, e.g. a batch of images.
+  Value input(const std::string& name, Shape shape, DType dtype = DType::f32) {
+    for (const Node& n : nodes_) {
+      if (const auto* a = std::get_if<InputAttrs>(&n.attrs); a && a->name == name)
+        fail(errc::argument, "graph already has an input named '" + name + "'");
+    }
+    return append_typed(Op::Input, {}, InputAttrs{name, 0}, TensorType{shape, dtype});
+  }
+
+  /// A persistent tensor (parameter or state), read in place and updated by assign.
+  Value param(const std::string& name, std::shared_ptr<Tensor> tensor) {
+    if (!tensor) fail(errc::argument, "param '" + name + "' has no tensor");
+    const TensorType type{tensor->shape(), tensor->dtype()};
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      if (const auto* a = std::get_if<ParamAttrs>(&nodes_[i].attrs); a && a->tensor == tensor)
+        return Value{this, static_cast<ValueId>(i)};
+    }
+    return append_typed(Op::Param, {}, ParamAttrs{name, std::move(tensor)}, type);
+  }
+
+  /// Appends a node after inferring and checking its type.
+  Value append(Op op, std::vector<ValueId> inputs, Attrs attrs = NoAttrs{}) {
+    const auto id = static_cast<ValueId>(nodes_.size());
+    for (ValueId in : inputs) {
+      if (in < 0 || in >= id)
+        fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(op)) +
+                              ": input %" + std::to_string(in) + " does not exist");
+    }
+    TensorType type = infer_type(*this, id, op, inputs, attrs);
+    return append_typed(op, std::move(inputs), std::move(attrs), type);
+  }
+
+  [[nodiscard]] const Node& node(ValueId id) const { return nodes_.at(static_cast<std::size_t>(id)); }
+  [[nodiscard]] Node& node(ValueId id) { return nodes_.at(static_cast<std::size_t>(id)); }
+  [[nodiscard]] const std::vector<Node>& nodes() const { return nodes_; }
+  [[nodiscard]] std::vector<Node>& nodes() { return nodes_; }
+  [[nodiscard]] std::int32_t size() const { return static_cast<std::int32_t>(nodes_.size()); }
+  [[nodiscard]] Value value(ValueId id) { return Value{this, id}; }
+
+  /// Marks a value as a result: it is kept alive to the end of a run and readable after it.
+  void mark_output(Value v) {
+    check_owned(v, "mark_output");
+    for (ValueId o : outputs_)
+      if (o == v.id) return;
+    outputs_.push_back(v.id);
+  }
+  [[nodiscard]] const std::vector<ValueId>& outputs() const { return outputs_; }
+  [[nodiscard]] std::vector<ValueId>& outputs() { return outputs_; }
+
+  /// The input node with this name; throws kiln.api.not_found.
+  [[nodiscard]] ValueId find_input(const std::string& name) const {
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      if (const auto* a = std::get_if<InputAttrs>(&nodes_[i].attrs); a && a->name == name)
+        return static_cast<ValueId>(i);
+    }
+    fail(errc::not_found, "graph has no input named '" + name + "'");
+  }
+
+  void check_owned(Value v, const char* where) const {
+    if (v.graph != this || v.id < 0 || v.id >= size())
+      fail(errc::argument, std::string(where) + ": value does not belong to this graph");
+  }
+
+private:
+  Value append_typed(Op op, std::vector<ValueId> inputs, Attrs attrs, TensorType type) {
+    nodes_.push_back(Node{op, std::move(inputs), std::move(attrs), type});
+    return Value{this, static_cast<ValueId>(nodes_.size() - 1)};
+  }
+
+  std::vector<Node> nodes_;
+  std::vector<ValueId> outputs_;
+};
+
+inline const Node& Value::node() const {
+  if (!valid()) fail(errc::argument, "use of an empty kiln::Value");
+  return graph->node(id);
+}
+
+} // namespace kiln

@@ -1,0 +1,61 @@
+// nn::Sequential: layers applied in order, e.g. Sequential{Conv2d(1,32,3), ReLU(), ...}.
+#pragma once
+
+#include <concepts>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "kiln/nn/module.hpp"
+
+namespace kiln::nn {
+
+/// Applies its layers in order. Parameter names are prefixed with the layer index, as in
+/// PyTorch: "0.weight", "0.bias", "2.weight", ...
+class Sequential : public Module {
+public:
+  Sequential() = default;
+  template <class... Layers>
+    requires(sizeof...(Layers) > 0 && (std::derived_from<std::decay_t<Layers>, Module> && ...))
+  explicit Sequential(Layers&&... layers) {
+    (layers_.push_back(std::make_shared<std::decay_t<Layers>>(std::forward<Layers>(layers))), ...);
+  }
+
+  /// Appends a layer; returns *this for chaining.
+  Sequential& add(std::shared_ptr<Module> layer) {
+    if (!layer) fail(errc::argument, "Sequential::add: null layer");
+    layers_.push_back(std::move(layer));
+    return *this;
+  }
+
+  Value forward(Value x) override {
+    for (auto& layer : layers_) x = layer->forward(x);
+    return x;
+  }
+
+  [[nodiscard]] std::vector<Parameter> parameters() const override { return collect(&Module::parameters); }
+  [[nodiscard]] std::vector<Parameter> buffers() const override { return collect(&Module::buffers); }
+
+  void train(bool on = true) override {
+    training_ = on;
+    for (auto& layer : layers_) layer->train(on);
+  }
+
+  [[nodiscard]] std::size_t size() const { return layers_.size(); }
+  [[nodiscard]] Module& operator[](std::size_t i) { return *layers_.at(i); }
+
+private:
+  std::vector<Parameter> collect(std::vector<Parameter> (Module::*list)() const) const {
+    std::vector<Parameter> all;
+    for (std::size_t i = 0; i < layers_.size(); ++i)
+      for (Parameter p : ((*layers_[i]).*list)()) {
+        p.name = std::to_string(i) + "." + p.name;
+        all.push_back(std::move(p));
+      }
+    return all;
+  }
+
+  std::vector<std::shared_ptr<Module>> layers_;
+};
+
+} // namespace kiln::nn

@@ -1,0 +1,72 @@
+// Log-softmax and softmax cross-entropy with integer labels, with their gradients.
+#pragma once
+
+#include "kiln/ops/builders.hpp"
+#include "kiln/ops/op_def.hpp"
+
+namespace kiln {
+
+template <> struct OpDef<Op::LogSoftmax> : OpDefaults {
+  static constexpr int arity = 1;
+  static constexpr FusionKind kind = FusionKind::reduction;
+  static TensorType infer(const InferContext& c) {
+    c.expect_dtype(0, DType::f32);
+    if (c.in(0).shape.rank() < 1) c.fail(errc::shape, "log_softmax needs at least one dimension");
+    return c.in(0);
+  }
+  static void grad(GradContext& c) { c.dx[0] = log_softmax_grad(c.out(), c.dy); }
+};
+
+/// dx = dy - exp(y) * sum(dy) along the last axis, y = log_softmax(x).
+template <> struct OpDef<Op::LogSoftmaxGrad> : OpDefaults {
+  static constexpr int arity = 2;
+  static constexpr FusionKind kind = FusionKind::reduction;
+  static TensorType infer(const InferContext& c) { return c.in(0); }
+  static constexpr GradFn grad = nullptr;
+};
+
+/// Mean over the batch of -log softmax(logits)[label]; logits [N,K], labels i32 [N].
+template <> struct OpDef<Op::SoftmaxCrossEntropy> : OpDefaults {
+  static constexpr int arity = 2;
+  static constexpr FusionKind kind = FusionKind::reduction;
+  static TensorType infer(const InferContext& c) {
+    c.expect_dtype(0, DType::f32);
+    c.expect_dtype(1, DType::i32);
+    c.expect_rank(0, 2);
+    c.expect_rank(1, 1);
+    if (c.in(0).shape[0] != c.in(1).shape[0])
+      c.fail(errc::shape, "batch of logits " + c.in(0).shape.str() + " differs from labels " +
+                              c.in(1).shape.str());
+    return TensorType{Shape{}, DType::f32};
+  }
+  static void grad(GradContext& c) {
+    if (c.wants(0)) c.dx[0] = softmax_cross_entropy_grad(c.in(0), c.in(1), c.dy);
+  }
+};
+
+template <> struct OpDef<Op::SoftmaxCrossEntropyGrad> : OpDefaults {
+  static constexpr int arity = 3;
+  static constexpr FusionKind kind = FusionKind::reduction;
+  static TensorType infer(const InferContext& c) { return c.in(0); }
+  static constexpr GradFn grad = nullptr;
+};
+
+inline Value log_softmax(Value x) { return x.graph->append(Op::LogSoftmax, {x.id}); }
+inline Value log_softmax_grad(Value y, Value dy) { return y.graph->append(Op::LogSoftmaxGrad, {y.id, dy.id}); }
+
+/// The mean cross-entropy of softmax(logits) against integer class labels. When `labels`
+/// is a graph input, the executor checks every fed label lies in [0, K).
+inline Value softmax_cross_entropy(Value logits, Value labels) {
+  if (!logits.valid() || !labels.valid() || logits.graph != labels.graph)
+    fail(errc::argument, "softmax_cross_entropy: values must belong to one graph");
+  Value loss = logits.graph->append(Op::SoftmaxCrossEntropy, {logits.id, labels.id});
+  Node& label_node = labels.graph->node(labels.id);
+  if (auto* in = std::get_if<InputAttrs>(&label_node.attrs)) in->label_classes = logits.shape()[1];
+  return loss;
+}
+
+inline Value softmax_cross_entropy_grad(Value logits, Value labels, Value dloss) {
+  return logits.graph->append(Op::SoftmaxCrossEntropyGrad, {logits.id, labels.id, dloss.id});
+}
+
+} // namespace kiln

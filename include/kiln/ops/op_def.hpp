@@ -1,0 +1,96 @@
+// The op contract: what every OpDef<Op> provides, and the contexts its rules receive.
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+#include "kiln/ir/graph.hpp"
+#include "kiln/ops/op_list.hpp"
+
+namespace kiln {
+
+/// What shape inference sees of a node being built. Failing names the node and its inputs:
+///   [kiln.verify.shape] node %7 add(%3:[64,10], %5:[64,12]): shapes do not broadcast
+struct InferContext {
+  const Graph& graph;
+  ValueId id;
+  Op op;
+  const std::vector<ValueId>& inputs;
+  const Attrs& attrs;
+
+  [[nodiscard]] const TensorType& in(int i) const {
+    return graph.node(inputs[static_cast<std::size_t>(i)]).type;
+  }
+  [[nodiscard]] int arity() const { return static_cast<int>(inputs.size()); }
+
+  /// The node as printed in messages: "node %7 add(%3:[64,10], %5:[64,12])".
+  [[nodiscard]] std::string describe() const {
+    std::string s = "node %" + std::to_string(id) + " " + std::string(op_name(op)) + "(";
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (i) s += ", ";
+      s += "%" + std::to_string(inputs[i]) + ":" + graph.node(inputs[i]).type.shape.str();
+    }
+    return s + ")";
+  }
+
+  [[noreturn]] void fail(std::string_view code, const std::string& detail) const {
+    kiln::fail(code, describe() + ": " + detail);
+  }
+
+  template <class A> [[nodiscard]] const A& attr() const {
+    const A* a = std::get_if<A>(&attrs);
+    if (!a) fail(errc::attr, "missing or wrong attributes for this op");
+    return *a;
+  }
+
+  void expect_dtype(int i, DType t) const {
+    if (in(i).dtype != t)
+      fail(errc::dtype, "input " + std::to_string(i) + " is " + std::string(dtype_name(in(i).dtype)) +
+                            ", expected " + std::string(dtype_name(t)));
+  }
+  void expect_rank(int i, int rank) const {
+    if (in(i).shape.rank() != rank)
+      fail(errc::shape, "input " + std::to_string(i) + " has rank " + std::to_string(in(i).shape.rank()) +
+                            ", expected " + std::to_string(rank));
+  }
+};
+
+/// What a gradient rule sees: the node, the gradient of its output (dy), and which input
+/// gradients are wanted. The rule writes dx[i] for the wanted inputs by building nodes.
+struct GradContext {
+  Graph& graph;
+  ValueId id;
+  Node node; // a copy: the graph grows while the rule builds
+  Value dy;
+  std::array<bool, 4> needs{};
+  std::array<Value, 4> dx{};
+
+  [[nodiscard]] Value in(int i) const { return Value{&graph, node.inputs[static_cast<std::size_t>(i)]}; }
+  [[nodiscard]] Value out() const { return Value{&graph, id}; }
+  [[nodiscard]] bool wants(int i) const { return needs[static_cast<std::size_t>(i)]; }
+  template <class A> [[nodiscard]] const A& attr() const { return std::get<A>(node.attrs); }
+};
+
+using InferFn = TensorType (*)(const InferContext&);
+using GradFn = void (*)(GradContext&);
+
+/// One op's definition. Each op specialises this once (ops/*.hpp) with:
+///   static constexpr int arity;            number of inputs
+///   static constexpr FusionKind kind;      TVM-style fusion class
+///   static constexpr bool is_view;         output aliases input 0 (no kernel, no copy)
+///   static TensorType infer(const InferContext&);
+///   static void grad(GradContext&);        or `static constexpr GradFn grad = nullptr;`
+/// Elementwise ops also provide the arithmetic, once, over a math policy M (scalar or SIMD):
+///   template <class M> static typename M::V apply(const M&, V a, V b, V scalar);
+template <Op op> struct OpDef;
+
+/// Defaults shared by most op definitions.
+struct OpDefaults {
+  static constexpr bool is_view = false;
+  static constexpr bool is_elementwise = false;
+};
+
+} // namespace kiln

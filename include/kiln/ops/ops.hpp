@@ -1,0 +1,4 @@
+// The ops module: every op family and the op table.
+#pragma once
+
+#include "kiln/ops/registry.hpp"

@@ -1,0 +1,88 @@
+// Max and average pooling (NCHW, square windows), their gradients, global average pooling.
+#pragma once
+
+#include "kiln/ops/builders.hpp"
+#include "kiln/ops/op_def.hpp"
+
+namespace kiln {
+
+namespace detail {
+inline TensorType infer_pool(const InferContext& c) {
+  c.expect_dtype(0, DType::f32);
+  c.expect_rank(0, 4);
+  const auto& a = c.attr<Pool2dAttrs>();
+  if (a.kernel < 1 || a.stride < 1 || a.padding < 0 || 2 * a.padding > a.kernel)
+    c.fail(errc::attr, "pooling needs kernel >= 1, stride >= 1, 0 <= padding <= kernel/2");
+  const Shape& x = c.in(0).shape;
+  const std::int64_t oh = (x[2] + 2 * a.padding - a.kernel) / a.stride + 1;
+  const std::int64_t ow = (x[3] + 2 * a.padding - a.kernel) / a.stride + 1;
+  if (oh < 1 || ow < 1) c.fail(errc::shape, "window " + std::to_string(a.kernel) + " is larger than the input");
+  return TensorType{Shape{x[0], x[1], oh, ow}, DType::f32};
+}
+inline Pool2dAttrs pool_attrs(Value x, Pool2dOptions o) {
+  Pool2dAttrs a{o.kernel, o.stride > 0 ? o.stride : o.kernel, o.padding, 0, 0};
+  if (x.shape().rank() == 4) {
+    a.input_h = x.shape()[2];
+    a.input_w = x.shape()[3];
+  }
+  return a;
+}
+} // namespace detail
+
+template <> struct OpDef<Op::MaxPool2d> : OpDefaults {
+  static constexpr int arity = 1;
+  static constexpr FusionKind kind = FusionKind::reduction;
+  static TensorType infer(const InferContext& c) { return detail::infer_pool(c); }
+  static void grad(GradContext& c) { c.dx[0] = max_pool2d_grad(c.in(0), c.dy, c.attr<Pool2dAttrs>()); }
+};
+
+/// dx = max_pool2d_grad(x, dy): dy routed to the first maximum of each window.
+template <> struct OpDef<Op::MaxPool2dGrad> : OpDefaults {
+  static constexpr int arity = 2;
+  static constexpr FusionKind kind = FusionKind::opaque;
+  static TensorType infer(const InferContext& c) { return c.in(0); }
+  static constexpr GradFn grad = nullptr;
+};
+
+template <> struct OpDef<Op::AvgPool2d> : OpDefaults {
+  static constexpr int arity = 1;
+  static constexpr FusionKind kind = FusionKind::reduction;
+  static TensorType infer(const InferContext& c) { return detail::infer_pool(c); }
+  static void grad(GradContext& c) { c.dx[0] = avg_pool2d_grad(c.dy, c.attr<Pool2dAttrs>()); }
+};
+
+/// dx = avg_pool2d_grad(dy): each dy / kernel² spread over its window.
+template <> struct OpDef<Op::AvgPool2dGrad> : OpDefaults {
+  static constexpr int arity = 1;
+  static constexpr FusionKind kind = FusionKind::opaque;
+  static TensorType infer(const InferContext& c) {
+    const auto& a = c.attr<Pool2dAttrs>();
+    const Shape& dy = c.in(0).shape;
+    return TensorType{Shape{dy[0], dy[1], a.input_h, a.input_w}, DType::f32};
+  }
+  static void grad(GradContext& c) { c.dx[0] = avg_pool2d(c.dy, {c.attr<Pool2dAttrs>().kernel, c.attr<Pool2dAttrs>().stride, c.attr<Pool2dAttrs>().padding}); }
+};
+
+inline Value max_pool2d(Value x, Pool2dOptions options) {
+  return x.graph->append(Op::MaxPool2d, {x.id}, detail::pool_attrs(x, options));
+}
+inline Value max_pool2d_grad(Value x, Value dy, const Pool2dAttrs& attrs) {
+  return x.graph->append(Op::MaxPool2dGrad, {x.id, dy.id}, attrs);
+}
+inline Value avg_pool2d(Value x, Pool2dOptions options) {
+  return x.graph->append(Op::AvgPool2d, {x.id}, detail::pool_attrs(x, options));
+}
+inline Value avg_pool2d_grad(Value dy, const Pool2dAttrs& attrs) {
+  return dy.graph->append(Op::AvgPool2dGrad, {dy.id}, attrs);
+}
+
+/// [N,C,H,W] -> [N,C]: the mean over each plane, built from sum_to and a scale.
+inline Value global_avg_pool2d(Value x) {
+  const Shape& s = x.shape();
+  if (s.rank() != 4)
+    fail(errc::shape, "global_avg_pool2d: %" + std::to_string(x.id) + ":" + s.str() + " is not NCHW");
+  const Value summed = sum_to(x, Shape{s[0], s[1], 1, 1});
+  return reshape(mul_scalar(summed, 1.0f / static_cast<float>(s[2] * s[3])), Shape{s[0], s[1]});
+}
+
+} // namespace kiln

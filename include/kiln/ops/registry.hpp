@@ -1,0 +1,55 @@
+// The op table: each op's definition gathered from its family header, indexed by Op.
+// Generic stages (verifier, autodiff, lowering) consult this table instead of switching.
+#pragma once
+
+#include <array>
+
+#include "kiln/ops/conv.hpp"
+#include "kiln/ops/elementwise.hpp"
+#include "kiln/ops/loss.hpp"
+#include "kiln/ops/matmul.hpp"
+#include "kiln/ops/pool.hpp"
+#include "kiln/ops/reduce.hpp"
+#include "kiln/ops/shape.hpp"
+#include "kiln/ops/state.hpp"
+
+namespace kiln {
+
+/// Everything generic code needs to know about an op, without templates.
+struct OpInfo {
+  std::string_view name;
+  int arity = 0;
+  FusionKind kind = FusionKind::opaque;
+  bool is_view = false;
+  bool is_elementwise = false;
+  InferFn infer = nullptr;
+  GradFn grad = nullptr; ///< nullptr: not differentiable
+};
+
+namespace detail {
+template <Op op> constexpr OpInfo make_op_info() {
+  using D = OpDef<op>;
+  return OpInfo{op_name(op), D::arity, D::kind, D::is_view, D::is_elementwise, &D::infer, D::grad};
+}
+} // namespace detail
+
+/// The definition of `op`.
+inline const OpInfo& op_info(Op op) {
+  static constexpr std::array<OpInfo, op_count> table = {
+#define KILN_OP_INFO(name, spelling) detail::make_op_info<Op::name>(),
+      KILN_OP_LIST(KILN_OP_INFO)
+#undef KILN_OP_INFO
+  };
+  return table[op_index(op)];
+}
+
+inline TensorType infer_type(const Graph& graph, ValueId id, Op op, const std::vector<ValueId>& inputs,
+                             const Attrs& attrs) {
+  const InferContext ctx{graph, id, op, inputs, attrs};
+  const OpInfo& info = op_info(op);
+  if (ctx.arity() != info.arity)
+    ctx.fail(errc::arity, "takes " + std::to_string(info.arity) + " inputs, got " + std::to_string(ctx.arity()));
+  return info.infer(ctx);
+}
+
+} // namespace kiln

@@ -1,0 +1,137 @@
+// Lowering: Graph -> Plan. Picks a kernel per node, resolves views and state aliases, and
+// places every activation and gradient in one arena by liveness.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <oneapi/tbb/info.h>
+
+#include "kiln/ir/verifier.hpp"
+#include "kiln/ops/registry.hpp"
+#include "kiln/plan/memory_planner.hpp"
+#include "kiln/plan/plan.hpp"
+#include "kiln/runtime/backend.hpp"
+
+namespace kiln {
+
+struct LowerOptions {
+  /// Worker threads the plan will run with; 0 = every core.
+  int threads = 0;
+};
+
+/// Lowers a verified graph for `backend`. Every node but inputs, params and views becomes
+/// one step, in graph order.
+inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& options = {}) {
+  verify(g);
+  Plan plan;
+  plan.backend = backend.name;
+  plan.target = backend.target ? backend.target() : "";
+  plan.threads = options.threads > 0 ? options.threads : tbb::info::default_concurrency();
+  const auto n = static_cast<std::size_t>(g.size());
+
+  // Storage roots: a view or an assign shares the memory of what it aliases.
+  std::vector<ValueId> root(n);
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const Node& node = g.node(id);
+    const bool aliases = op_info(node.op).is_view || node.op == Op::Assign;
+    root[static_cast<std::size_t>(id)] = aliases ? root[static_cast<std::size_t>(node.inputs[0])] : id;
+  }
+
+  // Step index of each computing node, and the live range of each arena root.
+  std::vector<int> step_of(n, -1);
+  int step_count = 0;
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const Node& node = g.node(id);
+    if (node.op != Op::Input && node.op != Op::Param && !op_info(node.op).is_view)
+      step_of[static_cast<std::size_t>(id)] = step_count++;
+  }
+  const int end = std::max(step_count - 1, 0);
+  std::vector<int> first(n, -1), last(n, -1);
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const auto r = static_cast<std::size_t>(root[static_cast<std::size_t>(id)]);
+    const Node& node = g.node(id);
+    if (node.op == Op::Input) {
+      first[r] = 0;
+      last[r] = end; // fed before the run; kept so a run can be repeated on the same inputs
+    } else if (step_of[static_cast<std::size_t>(id)] >= 0 && first[r] < 0) {
+      first[r] = step_of[static_cast<std::size_t>(id)];
+      last[r] = first[r];
+    }
+    const int use = step_of[static_cast<std::size_t>(id)];
+    if (use >= 0)
+      for (ValueId in : node.inputs) {
+        const auto ir = static_cast<std::size_t>(root[static_cast<std::size_t>(in)]);
+        last[ir] = std::max(last[ir], use);
+      }
+  }
+  for (ValueId o : g.outputs()) last[static_cast<std::size_t>(root[static_cast<std::size_t>(o)])] = end;
+
+  // Arena placement of every root that is not a param.
+  std::vector<BufferRequest> requests;
+  std::vector<ValueId> request_root;
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const Node& node = g.node(id);
+    if (root[static_cast<std::size_t>(id)] != id || node.op == Op::Param) continue;
+    const auto bytes = static_cast<std::size_t>(node.type.shape.numel()) * dtype_size(node.type.dtype);
+    requests.push_back({bytes, first[static_cast<std::size_t>(id)], last[static_cast<std::size_t>(id)]});
+    request_root.push_back(id);
+  }
+  plan.memory = plan_memory(requests);
+  const MemoryPlan& memory = plan.memory;
+
+  std::vector<std::size_t> offset_of(n, 0);
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    offset_of[static_cast<std::size_t>(request_root[i])] = memory.offsets[i];
+
+  plan.values.resize(n);
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const Node& node = g.node(id);
+    const ValueId r = root[static_cast<std::size_t>(id)];
+    BufferRef& b = plan.values[static_cast<std::size_t>(id)];
+    b.shape = node.type.shape;
+    b.dtype = node.type.dtype;
+    if (const auto* p = std::get_if<ParamAttrs>(&g.node(r).attrs)) {
+      b.storage = BufferRef::Storage::param;
+      b.tensor = p->tensor.get();
+      if (id == r) plan.params.push_back(p->tensor);
+    } else {
+      b.storage = BufferRef::Storage::arena;
+      b.offset = offset_of[static_cast<std::size_t>(r)];
+    }
+    if (const auto* in = std::get_if<InputAttrs>(&node.attrs))
+      plan.inputs.push_back({in->name, id, b, in->label_classes});
+  }
+
+  for (ValueId id = 0; id < g.size(); ++id) {
+    if (step_of[static_cast<std::size_t>(id)] < 0) continue;
+    const Node& node = g.node(id);
+    PlanStep step;
+    step.op = node.op;
+    step.node = id;
+    step.kernel = backend.kernel(node.op);
+    if (!step.kernel)
+      fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(node.op)) +
+                            ": backend " + backend.name + " has no kernel for it");
+    step.num_inputs = static_cast<int>(node.inputs.size());
+    KernelArgs shapes;
+    shapes.num_inputs = step.num_inputs;
+    for (int i = 0; i < step.num_inputs; ++i) {
+      step.inputs[static_cast<std::size_t>(i)] = plan.values[static_cast<std::size_t>(node.inputs[static_cast<std::size_t>(i)])];
+      shapes.in[static_cast<std::size_t>(i)] = TensorView{nullptr, step.inputs[static_cast<std::size_t>(i)].shape, step.inputs[static_cast<std::size_t>(i)].dtype};
+    }
+    step.output = plan.values[static_cast<std::size_t>(id)];
+    step.attrs = node.attrs;
+    shapes.out = TensorView{nullptr, step.output.shape, step.output.dtype};
+    shapes.attrs = &step.attrs;
+    step.workspace_per_thread = align_up(backend.workspace_per_thread(node.op, shapes));
+    plan.workspace_per_thread = std::max(plan.workspace_per_thread, step.workspace_per_thread);
+    plan.steps.push_back(std::move(step));
+  }
+  plan.outputs = g.outputs();
+  plan.buffers = std::move(requests);
+  return plan;
+}
+
+} // namespace kiln

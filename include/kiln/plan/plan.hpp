@@ -1,0 +1,62 @@
+// Plan: the immutable result of lowering, a list of kernel calls over buffers in one arena.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/ir/graph.hpp"
+#include "kiln/plan/memory_planner.hpp"
+#include "kiln/runtime/kernel_args.hpp"
+#include "kiln/runtime/tensor.hpp"
+
+namespace kiln {
+
+/// Where a value's elements live at run time.
+struct BufferRef {
+  enum class Storage : std::uint8_t { none, arena, param };
+  Storage storage = Storage::none;
+  std::size_t offset = 0;   ///< into the arena, for Storage::arena
+  Tensor* tensor = nullptr; ///< for Storage::param
+  Shape shape;
+  DType dtype = DType::f32;
+};
+
+/// One kernel call.
+struct PlanStep {
+  Op op = Op::Input;
+  ValueId node = -1;
+  KernelFn kernel = nullptr;
+  int num_inputs = 0;
+  std::array<BufferRef, KernelArgs::max_inputs> inputs{};
+  BufferRef output;
+  Attrs attrs;
+  std::size_t workspace_per_thread = 0;
+};
+
+/// A graph input the user feeds before each run.
+struct PlanInput {
+  std::string name;
+  ValueId node = -1;
+  BufferRef buffer;
+  std::int64_t label_classes = 0; ///< > 0: every fed value must lie in [0, label_classes)
+};
+
+/// Everything the executor needs; nothing in it refers back to the IR's nodes.
+struct Plan {
+  std::vector<PlanStep> steps;
+  std::vector<PlanInput> inputs;
+  std::vector<BufferRef> values;    ///< where each graph value lives, indexed by ValueId
+  std::vector<ValueId> outputs;
+  std::vector<std::shared_ptr<Tensor>> params; ///< kept alive while the plan exists
+  std::vector<BufferRequest> buffers; ///< every arena buffer with its lifetime in steps
+  MemoryPlan memory;                  ///< their offsets, the arena size, the unshared total
+  std::size_t workspace_per_thread = 0;
+  int threads = 1;
+  std::string backend;
+  std::string target;
+};
+
+} // namespace kiln

@@ -1,0 +1,96 @@
+// Optimizers as graph ops: SGD (momentum, weight decay) and Adam append their update to the
+// training graph, so one compiled step is forward + backward + update.
+#pragma once
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/nn/module.hpp"
+#include "kiln/ops/ops.hpp"
+
+namespace kiln::optim {
+
+/// A parameter's new value, to be assigned once every update is computed.
+struct Update {
+  Value param;
+  Value new_value;
+};
+
+/// Stochastic gradient descent, PyTorch's formulation (dampening 0):
+///   g' = g + weight_decay·w;  v = momentum·v + g';  w = w - lr·v
+struct SGD {
+  float lr = 0.01f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+
+  /// Appends the update of every parameter; optimizer state tensors go to `state`.
+  [[nodiscard]] std::vector<Update> append(Graph& g, const std::vector<nn::Parameter>& params,
+                                           const std::vector<Value>& grads, std::vector<nn::Parameter>& state) const {
+    if (!(lr > 0.0f) || momentum < 0.0f || weight_decay < 0.0f)
+      fail(errc::argument, "SGD: lr must be > 0, momentum and weight_decay >= 0");
+    std::vector<Update> updates;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Value w = g.param(params[i].name, params[i].tensor);
+      Value step = grads[i];
+      if (weight_decay != 0.0f) step = step + mul_scalar(w, weight_decay);
+      if (momentum != 0.0f) {
+        nn::Parameter velocity{params[i].name + ".momentum", std::make_shared<Tensor>(params[i].tensor->shape())};
+        const Value v = g.param(velocity.name, velocity.tensor);
+        step = mul_scalar(v, momentum) + step;
+        updates.push_back({v, step});
+        state.push_back(std::move(velocity));
+      }
+      updates.push_back({w, w - mul_scalar(step, lr)});
+    }
+    return updates;
+  }
+};
+
+/// Adam (Kingma & Ba), PyTorch's formulation with L2 weight decay:
+///   m = b1·m + (1-b1)·g;  v = b2·v + (1-b2)·g²;  w = w - lr·(m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
+struct Adam {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+
+  [[nodiscard]] std::vector<Update> append(Graph& g, const std::vector<nn::Parameter>& params,
+                                           const std::vector<Value>& grads, std::vector<nn::Parameter>& state) const {
+    if (!(lr > 0.0f) || !(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f) || !(eps > 0.0f))
+      fail(errc::argument, "Adam: needs lr > 0, betas in [0, 1), eps > 0");
+    std::vector<Update> updates;
+    // The step counter t lives in a one-element state tensor, so the bias corrections
+    // 1 - beta^t = 1 - exp(t·ln beta) are computed inside the compiled step.
+    nn::Parameter counter{"adam.step", std::make_shared<Tensor>(Shape{1})};
+    const Value t = add_scalar(g.param(counter.name, counter.tensor), 1.0f);
+    updates.push_back({g.param(counter.name, counter.tensor), t});
+    state.push_back(counter);
+    const Value correction1 = add_scalar(neg(exp(mul_scalar(t, std::log(beta1)))), 1.0f);
+    const Value correction2 = add_scalar(neg(exp(mul_scalar(t, std::log(beta2)))), 1.0f);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Shape& shape = params[i].tensor->shape();
+      const Value w = g.param(params[i].name, params[i].tensor);
+      Value grad = grads[i];
+      if (weight_decay != 0.0f) grad = grad + mul_scalar(w, weight_decay);
+      nn::Parameter m_state{params[i].name + ".adam_m", std::make_shared<Tensor>(shape)};
+      nn::Parameter v_state{params[i].name + ".adam_v", std::make_shared<Tensor>(shape)};
+      const Value m = g.param(m_state.name, m_state.tensor);
+      const Value v = g.param(v_state.name, v_state.tensor);
+      const Value m_new = mul_scalar(m, beta1) + mul_scalar(grad, 1.0f - beta1);
+      const Value v_new = mul_scalar(v, beta2) + mul_scalar(square(grad), 1.0f - beta2);
+      const Value denom = add_scalar(sqrt(v_new / correction2), eps);
+      updates.push_back({m, m_new});
+      updates.push_back({v, v_new});
+      updates.push_back({w, w - mul_scalar(m_new / correction1 / denom, lr)});
+      state.push_back(std::move(m_state));
+      state.push_back(std::move(v_state));
+    }
+    return updates;
+  }
+};
+
+} // namespace kiln::optim

@@ -1,0 +1,37 @@
+// train_step(): turns a graph computing a loss into one whole training step.
+#pragma once
+
+#include <vector>
+
+#include "kiln/autodiff/gradients.hpp"
+#include "kiln/nn/module.hpp"
+#include "kiln/ops/ops.hpp"
+
+namespace kiln {
+
+/// What train_step added to the graph.
+struct TrainStep {
+  Value loss;
+  std::vector<Value> gradients;              ///< one per parameter, in order
+  std::vector<nn::Parameter> optimizer_state; ///< momentum buffers, Adam moments, step counter
+};
+
+/// Appends to the loss's graph the backward pass, the optimizer's update of every parameter
+/// and the assignments that write the new values back, and marks the loss as an output.
+/// Compile the graph afterwards: each run is then forward + backward + update.
+template <class Optimizer>
+TrainStep train_step(Value loss, const std::vector<nn::Parameter>& params, const Optimizer& optimizer) {
+  if (!loss.valid()) fail(errc::argument, "train_step: empty loss value");
+  if (params.empty()) fail(errc::argument, "train_step: no parameters to train");
+  Graph& g = *loss.graph;
+  std::vector<Value> wrt;
+  for (const nn::Parameter& p : params) wrt.push_back(g.param(p.name, p.tensor));
+  TrainStep step{loss, gradients(loss, wrt), {}};
+  // Every new value is computed before any is written back, so no update reads a
+  // parameter another update has already replaced.
+  for (const auto& u : optimizer.append(g, params, step.gradients, step.optimizer_state)) assign(u.param, u.new_value);
+  g.mark_output(loss);
+  return step;
+}
+
+} // namespace kiln
