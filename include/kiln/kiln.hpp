@@ -14,3 +14,5 @@
 #include "kiln/train/optimizers.hpp"
 #include "kiln/train/train_step.hpp"
 #include "kiln/autodiff/grad_check.hpp"
+#include "kiln/train/metrics.hpp"
+#include "kiln/data/data.hpp"
