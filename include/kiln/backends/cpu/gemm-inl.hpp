@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -69,34 +71,39 @@ inline float* ThreadScratch(const KernelArgs& args) {
   return reinterpret_cast<float*>(args.workspace + slot * args.workspace_per_thread);
 }
 
-/// c[0:m, 0:n] (+)= a_sliver · b_sliver over depth kc. a holds MR values per k, b NR values per
-/// k. Full tiles go straight to C; edge tiles go through a stack buffer so that the packed
-/// operands' zero padding never reaches memory outside C.
-template <std::size_t MR, std::size_t NV>
-HWY_INLINE void MicroKernel(std::size_t kc, const float* HWY_RESTRICT a,
+/// c[0:m, 0:n] (+)= A_sliver · B_sliver over depth kc; B holds NR values per k. A is either
+/// packed (MR values per k) or, when kDirectA, read in place from m rows of stride lda, each
+/// contiguous in k; rows past m repeat the last one, so edge tiles never read outside A. Full
+/// tiles go straight to C; edge tiles go through a stack buffer so that the padding columns
+/// never reach memory outside C.
+template <std::size_t MR, std::size_t NV, bool kDirectA>
+HWY_INLINE void MicroKernel(std::size_t kc, const float* HWY_RESTRICT a, std::size_t lda,
                             const float* HWY_RESTRICT b, float* HWY_RESTRICT c, std::size_t ldc,
                             std::size_t m, std::size_t n, bool accumulate) {
   const GemmTag d;
   using V = hn::Vec<GemmTag>;
   const std::size_t lanes = hn::Lanes(d);
   const std::size_t nr = NV * lanes;
+  const float* rows[MR];
+  HWY_UNROLL(8)
+  for (std::size_t r = 0; r < MR; ++r) rows[r] = a + (kDirectA ? std::min(r, m - 1) * lda : r);
+  const std::size_t a_step = kDirectA ? 1 : MR;
   V acc[MR][NV];
   HWY_UNROLL(8)
   for (std::size_t r = 0; r < MR; ++r) {
     HWY_UNROLL(4)
     for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
   }
-  for (std::size_t k = 0; k < kc; ++k) {
+  for (std::size_t k = 0, ak = 0; k < kc; ++k, ak += a_step) {
     V bv[NV];
     HWY_UNROLL(4)
     for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, b + v * lanes);
     HWY_UNROLL(8)
     for (std::size_t r = 0; r < MR; ++r) {
-      const V av = hn::Set(d, a[r]);
+      const V av = hn::Set(d, rows[r][ak]);
       HWY_UNROLL(4)
       for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
     }
-    a += MR;
     b += nr;
   }
   if (m == MR && n == nr) {
@@ -127,29 +134,58 @@ HWY_INLINE void MicroKernel(std::size_t kc, const float* HWY_RESTRICT a,
 }
 
 /// Packs rows [i0, i0 + mc) x depth [k0, k0 + kc) of op(A) into MR-row slivers (k-major, MR
-/// values per k), zero-padding the last sliver's missing rows.
+/// values per k), zero-padding the last sliver's missing rows. Only used when op(A) is not
+/// contiguous in k (a transposed A); otherwise the micro-kernel reads A in place.
 inline void PackA(const MatRef& a, std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc,
                   float* HWY_RESTRICT dst) {
   constexpr std::size_t mr = kGemmMR;
   for (std::size_t s = 0; s < mc; s += mr, dst += kc * mr) {
     const std::size_t rows = std::min(mr, mc - s);
-    if (a.cs == 1) {
-      // Rows are contiguous in k: stream each row once.
-      for (std::size_t r = 0; r < rows; ++r) {
-        const float* src = a.p + (i0 + s + r) * a.rs + k0;
-        for (std::size_t k = 0; k < kc; ++k) dst[k * mr + r] = src[k];
+    for (std::size_t k = 0; k < kc; ++k) {
+      const float* src = a.p + (i0 + s) * a.rs + (k0 + k) * a.cs;
+      float* out = dst + k * mr;
+      for (std::size_t r = 0; r < rows; ++r) out[r] = src[r * a.rs];
+      for (std::size_t r = rows; r < mr; ++r) out[r] = 0.0f;
+    }
+  }
+}
+
+/// Packs `cols` columns of B that are each contiguous in k (column j starts at src + j * cs)
+/// into the rows of a packed sliver (row k at dst + k * nr), transposing 4 x 4 blocks in
+/// 128-bit registers where the target has them.
+inline void PackColumnsOfB(const float* HWY_RESTRICT src, std::size_t cs, std::size_t kc,
+                           std::size_t cols, float* HWY_RESTRICT dst, std::size_t nr) {
+  std::size_t k = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::Full128<float> d4;
+  // 16 k = one cache line of each column, used up before moving to the next line.
+  for (; k + 16 <= kc; k += 16) {
+    std::size_t j = 0;
+    for (; j + 4 <= cols; j += 4) {
+      // Many columns are read side by side, more streams than the hardware prefetcher follows.
+      if (k + 64 < kc) {
+        for (std::size_t q = 0; q < 4; ++q) hwy::Prefetch(src + (j + q) * cs + k + 64);
       }
-    } else {
-      for (std::size_t k = 0; k < kc; ++k) {
-        const float* src = a.p + (i0 + s) * a.rs + (k0 + k) * a.cs;
-        for (std::size_t r = 0; r < rows; ++r) dst[k * mr + r] = src[r * a.rs];
+      for (std::size_t kk = k; kk < k + 16; kk += 4) {
+        const float* col = src + j * cs + kk;
+        const auto c0 = hn::LoadU(d4, col), c1 = hn::LoadU(d4, col + cs);
+        const auto c2 = hn::LoadU(d4, col + 2 * cs), c3 = hn::LoadU(d4, col + 3 * cs);
+        const auto lo01 = hn::InterleaveLower(d4, c0, c1), lo23 = hn::InterleaveLower(d4, c2, c3);
+        const auto hi01 = hn::InterleaveUpper(d4, c0, c1), hi23 = hn::InterleaveUpper(d4, c2, c3);
+        float* out = dst + kk * nr + j;
+        hn::StoreU(hn::ConcatLowerLower(d4, lo23, lo01), d4, out);
+        hn::StoreU(hn::ConcatUpperUpper(d4, lo23, lo01), d4, out + nr);
+        hn::StoreU(hn::ConcatLowerLower(d4, hi23, hi01), d4, out + 2 * nr);
+        hn::StoreU(hn::ConcatUpperUpper(d4, hi23, hi01), d4, out + 3 * nr);
       }
     }
-    if (rows < mr) {
-      for (std::size_t k = 0; k < kc; ++k) {
-        for (std::size_t r = rows; r < mr; ++r) dst[k * mr + r] = 0.0f;
-      }
+    for (; j < cols; ++j) {
+      for (std::size_t i = k; i < k + 16; ++i) dst[i * nr + j] = src[j * cs + i];
     }
+  }
+#endif
+  for (; k < kc; ++k) {
+    for (std::size_t j = 0; j < cols; ++j) dst[k * nr + j] = src[j * cs + k];
   }
 }
 
@@ -172,23 +208,15 @@ inline void PackB(const MatRef& b, std::size_t k0, std::size_t kc, std::size_t j
           for (std::size_t j = 0; j < cols; ++j) out[j] = src[j];
         }
       }
+    } else if (b.rs == 1) {
+      PackColumnsOfB(b.p + k0 + (j0 + s) * b.cs, b.cs, kc, cols, dst, nr);
     } else {
-      // Columns are contiguous in k (a transposed operand): transpose in blocks of 16 k so
-      // the destination block (16 x NR floats) stays in L1 while each column is read.
-      constexpr std::size_t kb = 16;
-      for (std::size_t k = 0; k < kc; k += kb) {
-        const std::size_t kn = std::min(kb, kc - k);
-        for (std::size_t j = 0; j < cols; ++j) {
-          const float* src = b.p + (k0 + k) * b.rs + (j0 + s + j) * b.cs;
-          float* out = dst + k * nr + j;
-          for (std::size_t i = 0; i < kn; ++i) out[i * nr] = src[i * b.rs];
-        }
+      for (std::size_t k = 0; k < kc; ++k) {
+        for (std::size_t j = 0; j < cols; ++j) dst[k * nr + j] = b.p[(k0 + k) * b.rs + (j0 + s + j) * b.cs];
       }
     }
     if (cols < nr) {
-      for (std::size_t k = 0; k < kc; ++k) {
-        for (std::size_t j = cols; j < nr; ++j) dst[k * nr + j] = 0.0f;
-      }
+      for (std::size_t k = 0; k < kc; ++k) std::fill(dst + k * nr + cols, dst + (k + 1) * nr, 0.0f);
     }
   }
 }
@@ -208,7 +236,9 @@ inline void Gemm(std::size_t m, std::size_t n, std::size_t k, const MatRef& a, c
   }
   constexpr std::size_t mr = kGemmMR;
   const std::size_t nr = GemmNR();
-  const std::size_t mc_block = std::max(mr, gemm_blocking::mc / mr * mr);
+  // Rows contiguous in k are read in place; anything else is packed mc rows at a time.
+  const bool direct_a = a.cs == 1;
+  const std::size_t mc_block = direct_a ? m : std::max(mr, gemm_blocking::mc / mr * mr);
   const std::size_t nc_block = std::max(nr, gemm_blocking::nc / nr * nr);
   for (std::size_t pc = 0; pc < k; pc += gemm_blocking::kc) {
     const std::size_t kc = std::min(gemm_blocking::kc, k - pc);
@@ -216,7 +246,7 @@ inline void Gemm(std::size_t m, std::size_t n, std::size_t k, const MatRef& a, c
     const bool acc = accumulate || pc > 0;
     for (std::size_t ic = 0; ic < m; ic += mc_block) {
       const std::size_t mc = std::min(mc_block, m - ic);
-      PackA(a, ic, mc, pc, kc, pack_a);
+      if (!direct_a) PackA(a, ic, mc, pc, kc, pack_a);
       for (std::size_t jc = 0; jc < n; jc += nc_block) {
         const std::size_t nc = std::min(nc_block, n - jc);
         const float* panel = nullptr;
@@ -231,12 +261,18 @@ inline void Gemm(std::size_t m, std::size_t n, std::size_t k, const MatRef& a, c
         }
         // The A sliver (MR x kc) stays in L1 while the B panel streams from L2.
         for (std::size_t ir = 0; ir < mc; ir += mr) {
-          const float* a_sliver = pack_a + (ir / mr) * kc * mr;
           float* c_row = c + (ic + ir) * ldc + jc;
           const std::size_t rows = std::min(mr, mc - ir);
           for (std::size_t jr = 0; jr < nc; jr += nr) {
-            MicroKernel<kGemmMR, kGemmNV>(kc, a_sliver, panel + (jr / nr) * sliver_stride,
-                                          c_row + jr, ldc, rows, std::min(nr, nc - jr), acc);
+            const float* b_sliver = panel + (jr / nr) * sliver_stride;
+            const std::size_t cols = std::min(nr, nc - jr);
+            if (direct_a) {
+              MicroKernel<kGemmMR, kGemmNV, true>(kc, a.p + (ic + ir) * a.rs + pc, a.rs, b_sliver,
+                                                  c_row + jr, ldc, rows, cols, acc);
+            } else {
+              MicroKernel<kGemmMR, kGemmNV, false>(kc, pack_a + (ir / mr) * kc * mr, 0, b_sliver,
+                                                   c_row + jr, ldc, rows, cols, acc);
+            }
           }
         }
       }

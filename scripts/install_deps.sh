@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kiln needs that are missing (as root), or prints the exact
+# apt-get line to run (otherwise). Usage: scripts/install_deps.sh [extra packages...]
+set -euo pipefail
+
+packages=(g++ cmake make libhwy-dev libtbb-dev libeigen3-dev zlib1g-dev doctest-dev libbenchmark-dev
+  nodejs npm "$@")
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+line="apt-get install -y --no-install-recommends ${missing[*]}"
+if [[ $(id -u) -ne 0 ]]; then
+  echo "kiln needs these Debian packages; run as root:" >&2
+  echo "  apt-get update && ${line}" >&2
+  exit 1
+fi
+echo "install_deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# shellcheck disable=SC2086
+apt-get install -y -qq --no-install-recommends ${missing[*]} >/dev/null

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The README's second command: installs what is missing, fetches MNIST, builds everything
+# and runs the whole test suite. Its last line reads "N passed, N failed".
+#   scripts/test.sh              Release build in build/
+#   scripts/test.sh --sanitize   AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+build=build
+flags=(-DCMAKE_BUILD_TYPE=Release)
+if [[ "${1:-}" == "--sanitize" ]]; then
+  build=build-asan
+  flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=ON -DKILN_BUILD_BENCHMARKS=OFF)
+fi
+scripts/install_deps.sh dataset-fashion-mnist
+scripts/fetch_mnist.sh
+cmake -S . -B "$build" "${flags[@]}" >/dev/null
+cmake --build "$build" -j "$(nproc)"
+log="$build/ctest.log"
+status=0
+(cd "$build" && ctest --output-on-failure --timeout 900) 2>&1 | tee "$log" || status=$?
+summary=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1 || true)
+if [[ -z "$summary" ]]; then
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+failed=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$summary")
+total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$summary")
+echo "$((total - failed)) passed, ${failed} failed"
+exit "$status"
