@@ -61,7 +61,8 @@ Bytes idx_bytes(std::vector<std::uint32_t> dims, const Bytes& payload, std::uint
 
 Bytes iota_bytes(std::size_t n, std::uint8_t start = 0) {
   Bytes b(n);
-  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(start + i);
+  std::uint8_t next = start;
+  for (std::uint8_t& v : b) v = next++;
   return b;
 }
 

@@ -47,7 +47,8 @@ TEST_CASE("printer: conv, pooling and matmul attributes are printed") {
   auto x = g.input("x", {1, 1, 8, 8});
   auto w = g.param("w", std::make_shared<kiln::Tensor>(kiln::Shape{4, 1, 3, 3}));
   auto y = kiln::max_pool2d(kiln::conv2d(x, w, {.stride = 1, .padding = 1}), {.kernel = 2});
-  auto z = kiln::matmul(kiln::flatten(y), g.param("l", std::make_shared<kiln::Tensor>(kiln::Shape{5, 64})), false, true);
+  auto flat = kiln::flatten(y);
+  auto z = kiln::matmul(flat, g.param("l", std::make_shared<kiln::Tensor>(kiln::Shape{5, 64})), false, true);
   const std::string text = kiln::to_text(g);
   CHECK(text.find("conv2d(%0, %1) {stride=1x1, pad=1x1} : f32[1,4,8,8]") != std::string::npos);
   CHECK(text.find("maxpool2d(%2) {kernel=2, stride=2, pad=0} : f32[1,4,4,4]") != std::string::npos);

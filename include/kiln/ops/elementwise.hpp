@@ -131,12 +131,20 @@ template <> struct OpDef<Op::Square> : UnaryElementwise {
   static void grad(GradContext& c) { c.dx[0] = mul_scalar(c.dy * c.in(0), 2.0f); }
 };
 
-template <> struct OpDef<Op::MulScalar> : UnaryElementwise {
+/// Unary ops with a scalar operand in ScalarAttrs.
+struct ScalarElementwise : UnaryElementwise {
+  static TensorType infer(const InferContext& c) {
+    (void)c.attr<ScalarAttrs>();
+    return detail::infer_unary_f32(c);
+  }
+};
+
+template <> struct OpDef<Op::MulScalar> : ScalarElementwise {
   template <class M, class V> static V apply(const M& m, V a, V, V s) { return m.mul(a, s); }
   static void grad(GradContext& c) { c.dx[0] = mul_scalar(c.dy, c.attr<ScalarAttrs>().value); }
 };
 
-template <> struct OpDef<Op::AddScalar> : UnaryElementwise {
+template <> struct OpDef<Op::AddScalar> : ScalarElementwise {
   template <class M, class V> static V apply(const M& m, V a, V, V s) { return m.add(a, s); }
   static void grad(GradContext& c) { c.dx[0] = c.dy; }
 };

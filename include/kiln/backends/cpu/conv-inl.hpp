@@ -1,5 +1,4 @@
-// Per-target 2-D convolution kernels (forward, grad-input, grad-weight) as per-image im2col +
-// GEMM; re-included once per Highway target by implementation.hpp.
+// Per-target conv2d kernels and their gradients as per-image im2col + GEMM; re-included per target.
 #if defined(KILN_CPU_CONV_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KILN_CPU_CONV_INL_H_
 #undef KILN_CPU_CONV_INL_H_
@@ -23,65 +22,128 @@ HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-/// Where one row of the column matrix, (channel, kernel row, kernel column), reads its image.
-struct ColRow {
-  const float* channel; // the input channel's H x W plane
-  std::ptrdiff_t kh, kw;
+/// Copies n floats with whole vectors; a ragged end is covered by one more vector that
+/// overlaps the previous one and rewrites a few floats with the same values. (Masked stores
+/// would be the other way, but are slow on AMD cores.)
+HWY_INLINE void CopyFloats(float* HWY_RESTRICT dst, const float* HWY_RESTRICT src, std::size_t n) {
+  const GemmTag d;
+  const std::size_t lanes = hn::Lanes(d);
+  if (n < lanes) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
+    return;
+  }
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::LoadU(d, src + i), d, dst + i);
+  if (i < n) hn::StoreU(hn::LoadU(d, src + n - lanes), d, dst + n - lanes);
+}
+
+/// Sets n floats to zero, like CopyFloats.
+HWY_INLINE void ZeroFloats(float* HWY_RESTRICT dst, std::size_t n) {
+  const GemmTag d;
+  const std::size_t lanes = hn::Lanes(d);
+  if (n < lanes) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = 0.0f;
+    return;
+  }
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::Zero(d), d, dst + i);
+  if (i < n) hn::StoreU(hn::Zero(d), d, dst + n - lanes);
+}
+
+/// dst[i] += src[i] for n floats: full vectors, then 128-bit ones, then scalars.
+HWY_INLINE void AddFloats(float* HWY_RESTRICT dst, const float* HWY_RESTRICT src, std::size_t n) {
+  const GemmTag d;
+  const hn::CappedTag<float, 4> d4;
+  const std::size_t lanes = hn::Lanes(d), lanes4 = hn::Lanes(d4);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::Add(hn::LoadU(d, dst + i), hn::LoadU(d, src + i)), d, dst + i);
+  }
+  for (; i + lanes4 <= n; i += lanes4) {
+    hn::StoreU(hn::Add(hn::LoadU(d4, dst + i), hn::LoadU(d4, src + i)), d4, dst + i);
+  }
+  for (; i < n; ++i) dst[i] += src[i];
+}
+
+/// One row of the column matrix: the tap (input channel, kernel row, kernel column) it
+/// stands for. Output column ow reads input column ow * stride_w + offset, which is inside
+/// the image for ow in [lo, hi) and in the zero padding elsewhere.
+struct Tap {
+  std::size_t plane; // offset of the channel's H x W plane in the image
+  std::ptrdiff_t kh, offset, lo, hi;
 };
 
-inline ColRow ColRowOf(const ConvGeometry& g, const float* image, std::size_t row) {
-  const std::size_t kw = row % g.kw, kh = row / g.kw % g.kh, c = row / (g.kw * g.kh);
-  return {image + c * g.h * g.w, static_cast<std::ptrdiff_t>(kh), static_cast<std::ptrdiff_t>(kw)};
+inline Tap TapOf(const ConvGeometry& g, std::size_t row) {
+  const auto kw = static_cast<std::ptrdiff_t>(row % g.kw);
+  const std::size_t kh = row / g.kw % g.kh, c = row / (g.kw * g.kh);
+  const auto stride = static_cast<std::ptrdiff_t>(g.stride_w);
+  const auto pad = static_cast<std::ptrdiff_t>(g.pad_w);
+  const auto ow = static_cast<std::ptrdiff_t>(g.ow), w = static_cast<std::ptrdiff_t>(g.w);
+  // ow * stride + offset in [0, w)  <=>  ow in [ceil(-offset / stride), floor((w - 1 - offset) /
+  // stride)].
+  const std::ptrdiff_t offset = kw - pad;
+  const std::ptrdiff_t lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+  const std::ptrdiff_t hi = w - 1 - offset < 0 ? 0 : (w - 1 - offset) / stride + 1;
+  return {c * g.h * g.w, static_cast<std::ptrdiff_t>(kh), offset, std::min(lo, ow),
+          std::clamp(hi, std::min(lo, ow), ow)};
 }
 
-/// Range [lo, hi) of output columns ow in [0, count) whose input column ow * stride - pad + k
-/// lies inside [0, size).
-inline void ValidRange(std::ptrdiff_t stride, std::ptrdiff_t pad, std::ptrdiff_t k,
-                       std::ptrdiff_t size, std::ptrdiff_t count, std::ptrdiff_t& lo,
-                       std::ptrdiff_t& hi) {
-  const std::ptrdiff_t first = pad - k; // ow * stride >= first
-  lo = first <= 0 ? 0 : (first + stride - 1) / stride;
-  const std::ptrdiff_t last = size - 1 + pad - k; // ow * stride <= last
-  hi = last < 0 ? 0 : last / stride + 1;
-  lo = std::min(lo, count);
-  hi = std::clamp(hi, lo, count);
+/// The input row that output row oh of this tap reads, or -1 when it is padding.
+inline std::ptrdiff_t InputRow(const ConvGeometry& g, const Tap& tap, std::size_t oh) {
+  const std::ptrdiff_t ih =
+      static_cast<std::ptrdiff_t>(oh * g.stride_h) - static_cast<std::ptrdiff_t>(g.pad_h) + tap.kh;
+  return ih >= 0 && ih < static_cast<std::ptrdiff_t>(g.h) ? ih : -1;
 }
 
-/// Writes row `row` of one image's column matrix, for output pixels [p0, p1), to
-/// dst[(p - p0) * step]; taps that fall into the zero padding write 0.
-inline void Im2colSpan(const ConvGeometry& g, const float* image, std::size_t row, std::size_t p0,
-                       std::size_t p1, float* HWY_RESTRICT dst, std::size_t step) {
-  const ColRow src = ColRowOf(g, image, row);
-  const auto sh = static_cast<std::ptrdiff_t>(g.stride_h), sw = static_cast<std::ptrdiff_t>(g.stride_w);
-  const auto ph = static_cast<std::ptrdiff_t>(g.pad_h), pw = static_cast<std::ptrdiff_t>(g.pad_w);
-  const auto h = static_cast<std::ptrdiff_t>(g.h), w = static_cast<std::ptrdiff_t>(g.w);
-  std::ptrdiff_t lo = 0, hi = 0;
-  ValidRange(sw, pw, src.kw, w, static_cast<std::ptrdiff_t>(g.ow), lo, hi);
-  std::size_t oh = p0 / g.ow, ow = p0 % g.ow;
-  for (std::size_t p = p0; p < p1; ++oh, ow = 0) {
-    const std::size_t run = std::min(p1 - p, g.ow - ow);
-    const std::ptrdiff_t ih = static_cast<std::ptrdiff_t>(oh) * sh - ph + src.kh;
-    const auto begin = static_cast<std::ptrdiff_t>(ow), end = begin + static_cast<std::ptrdiff_t>(run);
-    if (ih < 0 || ih >= h) {
-      for (std::size_t i = 0; i < run; ++i) dst[i * step] = 0.0f;
+/// Writes output columns [a, b) of one output row of a tap to out[0, b - a): the input row
+/// `in` (nullptr for a padding row) read at the tap's columns, zero where they are padding.
+HWY_INLINE void EmitTapRow(const Tap& tap, std::ptrdiff_t stride, const float* in, std::ptrdiff_t a,
+                           std::ptrdiff_t b, float* HWY_RESTRICT out) {
+  const auto count = [](std::ptrdiff_t from, std::ptrdiff_t to) {
+    return static_cast<std::size_t>(to - from);
+  };
+  if (in == nullptr) {
+    ZeroFloats(out, count(a, b));
+    return;
+  }
+  const std::ptrdiff_t lo = std::clamp(tap.lo, a, b), hi = std::clamp(tap.hi, lo, b);
+  ZeroFloats(out, count(a, lo));
+  if (stride == 1) {
+    if (hi > lo) CopyFloats(out + (lo - a), in + (lo + tap.offset), count(lo, hi));
+  } else {
+    for (std::ptrdiff_t c = lo; c < hi; ++c) out[c - a] = in[c * stride + tap.offset];
+  }
+  ZeroFloats(out + (hi - a), count(hi, b));
+}
+
+/// Output pixel p as (output row, output column); computed once per block of pixels, since
+/// the divisions cost more than copying a short row.
+struct PixelPos {
+  std::size_t oh, ow;
+};
+
+inline PixelPos PixelPosOf(const ConvGeometry& g, std::size_t p) { return {p / g.ow, p % g.ow}; }
+
+/// Writes `count` entries of one row of an image's column matrix to dst, output pixels from
+/// `start` on.
+inline void Im2colRow(const ConvGeometry& g, const float* image, const Tap& tap, PixelPos start,
+                      std::size_t count, float* HWY_RESTRICT dst) {
+  const float* plane = image + tap.plane;
+  const auto stride = static_cast<std::ptrdiff_t>(g.stride_w);
+  // The common case, a tap that never reads horizontal padding at stride 1, is a plain copy.
+  const bool plain = stride == 1 && tap.lo == 0 && tap.hi == static_cast<std::ptrdiff_t>(g.ow);
+  for (std::size_t oh = start.oh, ow = start.ow; count > 0; ++oh, ow = 0) {
+    const std::size_t n = std::min(count, g.ow - ow);
+    const std::ptrdiff_t ih = InputRow(g, tap, oh);
+    const float* in = ih < 0 ? nullptr : plane + static_cast<std::size_t>(ih) * g.w;
+    if (plain && in != nullptr) {
+      CopyFloats(dst, in + (tap.offset + static_cast<std::ptrdiff_t>(ow)), n);
     } else {
-      // Output column c reads in_row[c * sw + offset]; zero outside [lo, hi).
-      const float* in_row = src.channel + ih * w;
-      const std::ptrdiff_t offset = src.kw - pw;
-      const std::ptrdiff_t vlo = std::clamp(lo, begin, end), vhi = std::clamp(hi, vlo, end);
-      const auto at = [&](std::ptrdiff_t c) -> float& {
-        return dst[static_cast<std::size_t>(c - begin) * step];
-      };
-      for (std::ptrdiff_t c = begin; c < vlo; ++c) at(c) = 0.0f;
-      if (step == 1 && sw == 1) {
-        for (std::ptrdiff_t c = vlo; c < vhi; ++c) dst[c - begin] = in_row[c + offset];
-      } else {
-        for (std::ptrdiff_t c = vlo; c < vhi; ++c) at(c) = in_row[c * sw + offset];
-      }
-      for (std::ptrdiff_t c = vhi; c < end; ++c) at(c) = 0.0f;
+      EmitTapRow(tap, stride, in, static_cast<std::ptrdiff_t>(ow),
+                 static_cast<std::ptrdiff_t>(ow + n), dst);
     }
-    dst += run * step;
-    p += run;
+    dst += n;
+    count -= n;
   }
 }
 
@@ -89,32 +151,40 @@ inline void Im2colSpan(const ConvGeometry& g, const float* image, std::size_t ro
 /// the forward GEMM reads it without a second copy.
 inline void PackColumns(const ConvGeometry& g, const float* image, float* HWY_RESTRICT dst) {
   const std::size_t nr = GemmNR(), ckk = g.ckk(), pixels = g.pixels();
-  for (std::size_t p0 = 0; p0 < pixels; p0 += nr) {
-    const std::size_t p1 = std::min(pixels, p0 + nr);
-    for (std::size_t row = 0; row < ckk; ++row, dst += nr) {
-      Im2colSpan(g, image, row, p0, p1, dst, 1);
-      std::fill(dst + (p1 - p0), dst + nr, 0.0f);
+  for (std::size_t row = 0; row < ckk; ++row) {
+    const Tap tap = TapOf(g, row);
+    PixelPos start{0, 0};
+    float* out = dst + row * nr;
+    for (std::size_t p0 = 0; p0 < pixels; p0 += nr, out += ckk * nr) {
+      const std::size_t n = std::min(nr, pixels - p0);
+      Im2colRow(g, image, tap, start, n, out);
+      if (n < nr) ZeroFloats(out + n, nr - n);
+      for (start.ow += n; start.ow >= g.ow; start.ow -= g.ow) ++start.oh;
     }
   }
 }
 
 /// Builds the transpose of one image's column matrix (pixels x ckk) in GemmB's pre-packed
-/// layout, the B operand of dW += dy · col^T.
+/// layout, the B operand of dW += dy · col^T: plain column-matrix rows for a block of pixels
+/// go to `rows` (max_nr x conv_pixel_chunk floats), then are transposed into place.
 inline void PackColumnsTransposed(const ConvGeometry& g, const float* image,
-                                  float* HWY_RESTRICT dst) {
+                                  float* HWY_RESTRICT dst, float* HWY_RESTRICT rows) {
   const std::size_t nr = GemmNR(), ckk = g.ckk(), pixels = g.pixels();
-  // Pixels in chunks so the destination block (chunk x NR floats) stays in L1.
-  constexpr std::size_t chunk = 32;
+  constexpr std::size_t chunk = conv_pixel_chunk;
+  Tap taps[gemm_blocking::max_nr];
   for (std::size_t j0 = 0; j0 < ckk; j0 += nr, dst += pixels * nr) {
+    const std::size_t cols = std::min(nr, ckk - j0);
+    for (std::size_t j = 0; j < cols; ++j) taps[j] = TapOf(g, j0 + j);
     for (std::size_t p0 = 0; p0 < pixels; p0 += chunk) {
-      const std::size_t p1 = std::min(pixels, p0 + chunk);
-      for (std::size_t jj = 0; jj < nr; ++jj) {
-        float* out = dst + p0 * nr + jj;
-        if (j0 + jj < ckk) {
-          Im2colSpan(g, image, j0 + jj, p0, p1, out, nr);
-        } else {
-          for (std::size_t p = p0; p < p1; ++p, out += nr) *out = 0.0f;
-        }
+      const std::size_t n = std::min(chunk, pixels - p0);
+      const PixelPos start = PixelPosOf(g, p0);
+      for (std::size_t j = 0; j < cols; ++j) {
+        Im2colRow(g, image, taps[j], start, n, rows + j * chunk);
+      }
+      float* out = dst + p0 * nr;
+      PackColumnsOfB(rows, chunk, n, cols, out, nr);
+      if (cols < nr) {
+        for (std::size_t k = 0; k < n; ++k) ZeroFloats(out + k * nr + cols, nr - cols);
       }
     }
   }
@@ -122,26 +192,24 @@ inline void PackColumnsTransposed(const ConvGeometry& g, const float* image,
 
 /// dx += col2im(dcol) for one image: every column-matrix entry is added back onto the input
 /// pixel it was read from.
-inline void Col2imAdd(const ConvGeometry& g, const float* HWY_RESTRICT dcol, float* HWY_RESTRICT dx) {
-  const auto sh = static_cast<std::ptrdiff_t>(g.stride_h), sw = static_cast<std::ptrdiff_t>(g.stride_w);
-  const auto ph = static_cast<std::ptrdiff_t>(g.pad_h), pw = static_cast<std::ptrdiff_t>(g.pad_w);
-  const auto h = static_cast<std::ptrdiff_t>(g.h), w = static_cast<std::ptrdiff_t>(g.w);
+inline void Col2imAdd(const ConvGeometry& g, const float* HWY_RESTRICT dcol,
+                      float* HWY_RESTRICT dx) {
+  const auto stride = static_cast<std::ptrdiff_t>(g.stride_w);
   const std::size_t ckk = g.ckk(), pixels = g.pixels();
   for (std::size_t row = 0; row < ckk; ++row) {
-    const std::size_t kw = row % g.kw, kh = row / g.kw % g.kh, c = row / (g.kw * g.kh);
-    float* plane = dx + c * g.h * g.w;
+    const Tap tap = TapOf(g, row);
+    if (tap.hi <= tap.lo) continue;
+    float* plane = dx + tap.plane;
     const float* src = dcol + row * pixels;
-    std::ptrdiff_t lo = 0, hi = 0;
-    ValidRange(sw, pw, static_cast<std::ptrdiff_t>(kw), w, static_cast<std::ptrdiff_t>(g.ow), lo, hi);
     for (std::size_t oh = 0; oh < g.oh; ++oh, src += g.ow) {
-      const std::ptrdiff_t ih = static_cast<std::ptrdiff_t>(oh) * sh - ph + static_cast<std::ptrdiff_t>(kh);
-      if (ih < 0 || ih >= h) continue;
-      float* out_row = plane + ih * w;
-      const std::ptrdiff_t offset = static_cast<std::ptrdiff_t>(kw) - pw;
-      if (sw == 1) {
-        for (std::ptrdiff_t c2 = lo; c2 < hi; ++c2) out_row[c2 + offset] += src[c2];
+      const std::ptrdiff_t ih = InputRow(g, tap, oh);
+      if (ih < 0) continue;
+      float* in = plane + static_cast<std::size_t>(ih) * g.w;
+      if (stride == 1) {
+        AddFloats(in + (tap.lo + tap.offset), src + tap.lo,
+                  static_cast<std::size_t>(tap.hi - tap.lo));
       } else {
-        for (std::ptrdiff_t c2 = lo; c2 < hi; ++c2) out_row[c2 * sw + offset] += src[c2];
+        for (std::ptrdiff_t c = tap.lo; c < tap.hi; ++c) in[c * stride + tap.offset] += src[c];
       }
     }
   }
@@ -160,8 +228,8 @@ inline void Conv2dKernel(const KernelArgs& args) {
     float* col = scratch + layout.col;
     PackColumns(g, x + n * g.c * g.h * g.w, col);
     const GemmB b{MatRef{}, col, ckk};
-    Gemm(g.o, pixels, ckk, MatRef{w, ckk, 1}, b, y + n * g.o * pixels, pixels, false,
-         scratch + layout.pack_a, nullptr);
+    Gemm(g.o, pixels, ckk, MatRef{w, ckk, 1}, b, y + n * g.o * pixels, pixels, false, nullptr,
+         nullptr);
   });
 }
 
@@ -192,8 +260,20 @@ inline void Conv2dGradInputKernel(const KernelArgs& args) {
   });
 }
 
+/// Fraction of the micro-tiles' lanes doing useful work in an m x n GEMM output.
+inline double TileUse(std::size_t m, std::size_t n) {
+  if (m == 0 || n == 0) return 0.0;
+  const std::size_t nr = GemmNR();
+  const auto round_up = [](std::size_t v, std::size_t unit) {
+    return (v + unit - 1) / unit * unit;
+  };
+  return static_cast<double>(m * n) / static_cast<double>(round_up(m, kGemmMR) * round_up(n, nr));
+}
+
 /// Op::Conv2dGradWeight: dW = sum_n dy[n] · im2col(x[n])^T. Each thread accumulates its images
-/// into its own partial dW in the workspace; the partials are summed at the end.
+/// into its own partial dW in the workspace; the partials are summed at the end. When there
+/// are few taps (a first layer: 9 for a 3x3 kernel on one channel), the GEMM is turned
+/// around to dW^T = col · dy^T, so that the taps fill tile rows instead of wide tile columns.
 inline void Conv2dGradWeightKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2dGradWeight, args);
   const ConvLayout layout = conv_layout(Op::Conv2dGradWeight, g);
@@ -210,20 +290,32 @@ inline void Conv2dGradWeightKernel(const KernelArgs& args) {
     std::fill_n(dw, size, 0.0f);
     return;
   }
+  const bool by_taps = TileUse(ckk, g.o) > TileUse(g.o, ckk);
   for (std::size_t t = 0; t < slices; ++t) std::fill_n(partial(t), size, 0.0f);
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
     float* col = scratch + layout.col;
-    PackColumnsTransposed(g, x + n * g.c * g.h * g.w, col);
-    const GemmB b{MatRef{}, col, pixels};
-    Gemm(g.o, ckk, pixels, MatRef{dy + n * g.o * pixels, pixels, 1}, b,
-         scratch + layout.partial, ckk, true, scratch + layout.pack_a, nullptr);
+    const float* image = x + n * g.c * g.h * g.w;
+    const float* dyn = dy + n * g.o * pixels;
+    if (by_taps) {
+      for (std::size_t row = 0; row < ckk; ++row) {
+        Im2colRow(g, image, TapOf(g, row), PixelPos{0, 0}, pixels, col + row * pixels);
+      }
+      Gemm(ckk, g.o, pixels, MatRef{col, pixels, 1}, GemmB{MatRef{dyn, 1, pixels}},
+           scratch + layout.partial, g.o, true, nullptr, scratch + layout.pack_b);
+      return;
+    }
+    PackColumnsTransposed(g, image, col, scratch + layout.rows);
+    Gemm(g.o, ckk, pixels, MatRef{dyn, pixels, 1}, GemmB{MatRef{}, col, pixels},
+         scratch + layout.partial, ckk, true, nullptr, nullptr);
   });
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, size, 4096),
                     [&](const tbb::blocked_range<std::size_t>& r) {
                       for (std::size_t i = r.begin(); i < r.end(); ++i) {
+                        // Element (o, tap) of dW sits at tap * O + o in a turned-around partial.
+                        const std::size_t at = by_taps ? i % ckk * g.o + i / ckk : i;
                         float sum = 0.0f;
-                        for (std::size_t t = 0; t < slices; ++t) sum += partial(t)[i];
+                        for (std::size_t t = 0; t < slices; ++t) sum += partial(t)[at];
                         dw[i] = sum;
                       }
                     });

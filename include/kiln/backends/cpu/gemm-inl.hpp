@@ -1,5 +1,4 @@
-// Per-target GEMM (packed, cache-blocked, register-blocked SIMD) and the MatMul kernel;
-// re-included once per Highway target by implementation.hpp.
+// Per-target GEMM (packed, blocked SIMD micro-kernel) and MatMul kernel; re-included per target.
 #if defined(KILN_CPU_GEMM_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KILN_CPU_GEMM_INL_H_
 #undef KILN_CPU_GEMM_INL_H_
@@ -212,7 +211,8 @@ inline void PackB(const MatRef& b, std::size_t k0, std::size_t kc, std::size_t j
       PackColumnsOfB(b.p + k0 + (j0 + s) * b.cs, b.cs, kc, cols, dst, nr);
     } else {
       for (std::size_t k = 0; k < kc; ++k) {
-        for (std::size_t j = 0; j < cols; ++j) dst[k * nr + j] = b.p[(k0 + k) * b.rs + (j0 + s + j) * b.cs];
+        for (std::size_t j = 0; j < cols; ++j)
+          dst[k * nr + j] = b.p[(k0 + k) * b.rs + (j0 + s + j) * b.cs];
       }
     }
     if (cols < nr) {
@@ -222,11 +222,12 @@ inline void PackB(const MatRef& b, std::size_t k0, std::size_t kc, std::size_t j
 }
 
 /// Single-threaded C[0:m, 0:n] = op(A) · op(B) (+ C when `accumulate`), C row-major with row
-/// stride ldc. pack_a needs gemm_packed_a_floats(m, k) floats and pack_b, unless B is
-/// pre-packed, gemm_packed_b_floats(n, k); both 64-byte aligned. Never allocates.
+/// stride ldc. Scratch, 64-byte aligned: pack_a, gemm_packed_a_floats(m, k) floats, only when
+/// op(A) is not contiguous in k (a.cs != 1), and pack_b, gemm_packed_b_floats(n, k) floats,
+/// only when B is not pre-packed; either may be null when unused. Never allocates.
 inline void Gemm(std::size_t m, std::size_t n, std::size_t k, const MatRef& a, const GemmB& b,
-                 float* HWY_RESTRICT c, std::size_t ldc, bool accumulate, float* HWY_RESTRICT pack_a,
-                 float* HWY_RESTRICT pack_b) {
+                 float* HWY_RESTRICT c, std::size_t ldc, bool accumulate,
+                 float* HWY_RESTRICT pack_a, float* HWY_RESTRICT pack_b) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (!accumulate) {
@@ -281,15 +282,17 @@ inline void Gemm(std::size_t m, std::size_t n, std::size_t k, const MatRef& a, c
 }
 
 /// Op::MatMul: out[M,N] = op(A) · op(B). Splits C into tiles, one GEMM per tile on the
-/// running thread's workspace slice; tiles are square-ish because each one re-packs its rows
-/// of A and columns of B.
+/// running thread's workspace slice; tiles are square-ish because each one packs its own
+/// columns of B (and rows of A, when A is transposed).
 inline void MatMulKernel(const KernelArgs& args) {
   const MatMulDims dims = matmul_dims(args);
   const std::size_t m = dims.m, n = dims.n, k = dims.k;
   if (m == 0 || n == 0) return;
-  const MatMulLayout layout = matmul_layout(m, n, k);
-  const MatRef a = dims.transpose_a ? MatRef{args.in[0].f32(), 1, m} : MatRef{args.in[0].f32(), k, 1};
-  const MatRef b = dims.transpose_b ? MatRef{args.in[1].f32(), 1, k} : MatRef{args.in[1].f32(), n, 1};
+  const MatMulLayout layout = matmul_layout(dims);
+  const MatRef a =
+      dims.transpose_a ? MatRef{args.in[0].f32(), 1, m} : MatRef{args.in[0].f32(), k, 1};
+  const MatRef b =
+      dims.transpose_b ? MatRef{args.in[1].f32(), 1, k} : MatRef{args.in[1].f32(), n, 1};
   float* c = args.out.f32();
 
   constexpr std::size_t mr = kGemmMR;
@@ -299,8 +302,10 @@ inline void MatMulKernel(const KernelArgs& args) {
     return (t + unit - 1) / unit * unit;
   };
   const auto threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-  // A few tiles per thread let work stealing even out the ragged edge tiles.
-  const std::size_t wanted = threads <= 1 ? 1 : 4 * threads;
+  // A few tiles per thread let work stealing even out the ragged edge tiles; a product of a
+  // few microseconds is not worth waking other threads for.
+  const bool tiny = m * n * k < (std::size_t{1} << 19);
+  const std::size_t wanted = threads <= 1 || tiny ? 1 : 4 * threads;
   std::size_t gm = 1, gn = 1;
   while (gm * gn < wanted) {
     const std::size_t tm = tile_of(m, gm, mr), tn = tile_of(n, gn, nr);
@@ -321,7 +326,7 @@ inline void MatMulKernel(const KernelArgs& args) {
     const MatRef a_tile{a.p + i0 * a.rs, a.rs, a.cs};
     const GemmB b_tile{MatRef{b.p + j0 * b.cs, b.rs, b.cs}};
     Gemm(std::min(tm, m - i0), std::min(tn, n - j0), k, a_tile, b_tile, c + i0 * n + j0, n, false,
-         scratch + layout.pack_a, scratch + layout.pack_b);
+         dims.transpose_a ? scratch + layout.pack_a : nullptr, scratch + layout.pack_b);
   });
 }
 

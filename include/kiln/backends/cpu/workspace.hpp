@@ -25,6 +25,10 @@ inline constexpr std::size_t max_mr = 8;
 inline constexpr std::size_t max_nr = 64;
 } // namespace gemm_blocking
 
+/// Pixels of the column-matrix rows that conv2d_grad_weight builds at a time before
+/// transposing them into its GEMM operand (max_nr rows of them stay in L1).
+inline constexpr std::size_t conv_pixel_chunk = 128;
+
 /// Floats are handed out in 64-byte units so every buffer starts on a cache line.
 constexpr std::size_t round_up_floats(std::size_t n) { return (n + 15) / 16 * 16; }
 
@@ -45,18 +49,11 @@ constexpr std::size_t gemm_prepacked_b_floats(std::size_t n, std::size_t k) {
   return round_up_floats((n + gemm_blocking::max_nr) * k);
 }
 
-/// Per-thread scratch of the MatMul kernel, in floats: packed A then packed B.
+/// Per-thread scratch of the MatMul kernel, in floats: packed A (only for a transposed A; the
+/// GEMM reads rows contiguous in k in place), then packed B.
 struct MatMulLayout {
   std::size_t pack_a = 0, pack_b = 0, total = 0;
 };
-
-inline MatMulLayout matmul_layout(std::size_t m, std::size_t n, std::size_t k) {
-  MatMulLayout l;
-  l.pack_a = 0;
-  l.pack_b = gemm_packed_a_floats(m, k);
-  l.total = l.pack_b + gemm_packed_b_floats(n, k);
-  return l;
-}
 
 /// M, N, K of a MatMul call, read from its shapes and attributes.
 struct MatMulDims {
@@ -76,6 +73,13 @@ inline MatMulDims matmul_dims(const KernelArgs& args) {
   d.n = static_cast<std::size_t>(args.out.shape[1]);
   d.k = static_cast<std::size_t>(d.transpose_a ? a[0] : a[1]);
   return d;
+}
+
+inline MatMulLayout matmul_layout(const MatMulDims& d) {
+  MatMulLayout l;
+  l.pack_b = d.transpose_a ? gemm_packed_a_floats(d.m, d.k) : 0;
+  l.total = l.pack_b + gemm_packed_b_floats(d.n, d.k);
+  return l;
 }
 
 /// Sizes of one convolution, whichever of conv2d / its gradients is being run.
@@ -126,9 +130,9 @@ inline ConvGeometry conv_geometry(Op op, const KernelArgs& args) {
 
 /// Per-thread scratch of the convolution kernels, in floats from the slice start.
 /// col: the image's column matrix (pre-packed GEMM operand, or GEMM output for grad-input);
-/// partial: this thread's dW accumulator (grad-weight only).
+/// rows: a block of plain column-matrix rows, partial: this thread's dW (grad-weight only).
 struct ConvLayout {
-  std::size_t col = 0, pack_a = 0, pack_b = 0, partial = 0, total = 0;
+  std::size_t col = 0, pack_a = 0, pack_b = 0, rows = 0, partial = 0, total = 0;
 };
 
 inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
@@ -141,18 +145,20 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
     return start;
   };
   if (op == Op::Conv2d) {
-    // y = W · col: col is B (K = ckk, N = pixels), packed while it is built.
+    // y = W · col: col is B (K = ckk, N = pixels), packed while it is built; W is read in place.
     l.col = take(gemm_prepacked_b_floats(p, ckk));
-    l.pack_a = take(gemm_packed_a_floats(g.o, ckk));
   } else if (op == Op::Conv2dGradInput) {
     // dcol = W^T · dy, then scattered into dx; a pointwise conv writes dx directly.
     l.col = take(g.pointwise() ? 0 : ckk * p);
     l.pack_a = take(gemm_packed_a_floats(ckk, g.o));
     l.pack_b = take(gemm_packed_b_floats(p, g.o));
   } else {
-    // dW += dy · col^T: col^T is B (K = pixels, N = ckk), packed while it is built.
-    l.col = take(gemm_prepacked_b_floats(ckk, p));
-    l.pack_a = take(gemm_packed_a_floats(g.o, p));
+    // Either dW += dy · col^T, col^T being B (K = pixels, N = ckk) packed while it is built
+    // from blocks of plain rows; or dW^T += col · dy^T with col plain rows read in place and
+    // dy^T packed. The kernel picks per SIMD target, so room is left for both.
+    l.col = take(std::max(gemm_prepacked_b_floats(ckk, p), ckk * p));
+    l.rows = take(gemm_blocking::max_nr * conv_pixel_chunk);
+    l.pack_b = take(gemm_packed_b_floats(g.o, p));
     l.partial = take(g.o * ckk);
   }
   l.total = at;
@@ -163,16 +169,11 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
 /// (args.in[i].shape, args.out.shape, args.attrs are set; data pointers are not).
 /// Always a multiple of 64, so every thread's slice stays cache-line aligned.
 inline std::size_t workspace_per_thread(Op op, const KernelArgs& args) {
-  switch (op) {
-  case Op::MatMul: {
-    const MatMulDims d = matmul_dims(args);
-    return matmul_layout(d.m, d.n, d.k).total * sizeof(float);
+  if (op == Op::MatMul) return matmul_layout(matmul_dims(args)).total * sizeof(float);
+  if (op == Op::Conv2d || op == Op::Conv2dGradInput || op == Op::Conv2dGradWeight) {
+    return conv_layout(op, conv_geometry(op, args)).total * sizeof(float);
   }
-  case Op::Conv2d:
-  case Op::Conv2dGradInput:
-  case Op::Conv2dGradWeight: return conv_layout(op, conv_geometry(op, args)).total * sizeof(float);
-  default: return 0;
-  }
+  return 0;
 }
 
 } // namespace kiln::cpu
