@@ -156,3 +156,15 @@ TEST_CASE("api errors: unknown names, bad arguments, wrong feeds") {
   CHECK(error_code([&] { (void)exe.output(x.id + 100); }) == "kiln.api.not_found");
   CHECK(error_code([&] { (void)exe.output(x); }) == "kiln.api.not_found");
 }
+
+TEST_CASE("nn: parameters are named by layer index, in the module and in the IR") {
+  kiln::nn::Sequential inner{kiln::nn::Linear(4, 4), kiln::nn::ReLU()};
+  kiln::nn::Sequential net{kiln::nn::Linear(2, 4), kiln::nn::ReLU()};
+  net.add(std::make_shared<kiln::nn::Sequential>(std::move(inner)));
+  std::vector<std::string> names;
+  for (const auto& p : net.parameters()) names.push_back(p.name);
+  CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "2.0.weight", "2.0.bias"});
+  kiln::Graph g;
+  (void)net(g.input("x", {3, 2}));
+  CHECK(kiln::to_text(g).find("param \"2.0.weight\" : f32[4,4]") != std::string::npos);
+}

@@ -190,3 +190,19 @@ TEST_CASE("one and two threads compute the same training step") {
   }
   for (std::size_t i = 0; i < losses[0].size(); ++i) CHECK(losses[0][i] == doctest::Approx(losses[1][i]).epsilon(1e-4));
 }
+
+TEST_CASE("the learning rate can change between runs without recompiling") {
+  LinearProblem p;
+  kiln::Graph g;
+  const Value loss = kiln::sum(g.param("w", p.w) * g.param("c", p.c));
+  const kiln::TrainStep step = kiln::train_step(loss, {{"w", p.w}}, kiln::optim::SGD{.lr = 0.1f});
+  auto exe = kiln::compile(g, {.threads = 1});
+  const float w0 = p.w->f32()[0];
+  exe.run();
+  CHECK(p.w->f32()[0] == doctest::Approx(w0 - 0.1f * 1.0f));
+  step.set_learning_rate(0.5f);
+  CHECK(step.learning_rate() == 0.5f);
+  exe.run();
+  CHECK(p.w->f32()[0] == doctest::Approx(w0 - 0.1f - 0.5f));
+  CHECK_THROWS_AS(step.set_learning_rate(-1.0f), kiln::Error);
+}

@@ -50,8 +50,10 @@ public:
     return y;
   }
 
-  [[nodiscard]] std::vector<Parameter> parameters() const override { return {weight_, bias_}; }
-  [[nodiscard]] std::vector<Parameter> buffers() const override { return {running_mean_, running_var_}; }
+  [[nodiscard]] std::vector<Parameter> parameters() const override { return {named(weight_), named(bias_)}; }
+  [[nodiscard]] std::vector<Parameter> buffers() const override {
+    return {named(running_mean_), named(running_var_)};
+  }
 
 private:
   std::int64_t channels_;

@@ -26,8 +26,8 @@ public:
   }
 
   [[nodiscard]] std::vector<Parameter> parameters() const override {
-    if (bias_.tensor) return {weight_, bias_};
-    return {weight_};
+    if (bias_.tensor) return {named(weight_), named(bias_)};
+    return {named(weight_)};
   }
 
 private:

@@ -38,11 +38,18 @@ public:
   void eval() { train(false); }
   [[nodiscard]] bool training() const { return training_; }
 
+  /// Prefixes the names of this module's parameters, e.g. "3." inside a Sequential, so the
+  /// IR and DOT output show which layer a parameter belongs to.
+  virtual void set_name_prefix(const std::string& prefix) { prefix_ = prefix; }
+
 protected:
+  /// A parameter of this module, named with the module's prefix.
+  [[nodiscard]] Parameter named(const Parameter& p) const { return {prefix_ + p.name, p.tensor}; }
   /// The graph node of a parameter of this module.
-  static Value use(Value x, const Parameter& p) { return x.graph->param(p.name, p.tensor); }
+  [[nodiscard]] Value use(Value x, const Parameter& p) const { return x.graph->param(prefix_ + p.name, p.tensor); }
 
   bool training_ = true;
+  std::string prefix_;
 };
 
 } // namespace kiln::nn

@@ -19,12 +19,14 @@ public:
     requires(sizeof...(Layers) > 0 && (std::derived_from<std::decay_t<Layers>, Module> && ...))
   explicit Sequential(Layers&&... layers) {
     (layers_.push_back(std::make_shared<std::decay_t<Layers>>(std::forward<Layers>(layers))), ...);
+    set_name_prefix("");
   }
 
   /// Appends a layer; returns *this for chaining.
   Sequential& add(std::shared_ptr<Module> layer) {
     if (!layer) fail(errc::argument, "Sequential::add: null layer");
     layers_.push_back(std::move(layer));
+    layers_.back()->set_name_prefix(prefix_ + std::to_string(layers_.size() - 1) + ".");
     return *this;
   }
 
@@ -35,6 +37,11 @@ public:
 
   [[nodiscard]] std::vector<Parameter> parameters() const override { return collect(&Module::parameters); }
   [[nodiscard]] std::vector<Parameter> buffers() const override { return collect(&Module::buffers); }
+
+  void set_name_prefix(const std::string& prefix) override {
+    prefix_ = prefix;
+    for (std::size_t i = 0; i < layers_.size(); ++i) layers_[i]->set_name_prefix(prefix + std::to_string(i) + ".");
+  }
 
   void train(bool on = true) override {
     training_ = on;
@@ -47,11 +54,8 @@ public:
 private:
   std::vector<Parameter> collect(std::vector<Parameter> (Module::*list)() const) const {
     std::vector<Parameter> all;
-    for (std::size_t i = 0; i < layers_.size(); ++i)
-      for (Parameter p : ((*layers_[i]).*list)()) {
-        p.name = std::to_string(i) + "." + p.name;
-        all.push_back(std::move(p));
-      }
+    for (const auto& layer : layers_)
+      for (Parameter& p : ((*layer).*list)()) all.push_back(std::move(p));
     return all;
   }
 

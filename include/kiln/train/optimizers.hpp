@@ -19,6 +19,24 @@ struct Update {
   Value new_value;
 };
 
+/// The tensors an optimizer keeps between steps. The learning rate is one of them (a
+/// one-element tensor read by the compiled step), so a schedule can change it between runs
+/// without recompiling.
+struct OptimizerState {
+  std::vector<nn::Parameter> tensors;
+  std::shared_ptr<Tensor> learning_rate;
+
+  /// The learning-rate node of graph `g`, created on first use with value `lr`.
+  Value learning_rate_node(Graph& g, float lr) {
+    if (!learning_rate) {
+      learning_rate = std::make_shared<Tensor>(Shape{1});
+      learning_rate->f32()[0] = lr;
+      tensors.push_back({"lr", learning_rate});
+    }
+    return g.param("lr", learning_rate);
+  }
+};
+
 /// Stochastic gradient descent, PyTorch's formulation (dampening 0):
 ///   g' = g + weight_decay·w;  v = momentum·v + g';  w = w - lr·v
 struct SGD {
@@ -28,9 +46,10 @@ struct SGD {
 
   /// Appends the update of every parameter; optimizer state tensors go to `state`.
   [[nodiscard]] std::vector<Update> append(Graph& g, const std::vector<nn::Parameter>& params,
-                                           const std::vector<Value>& grads, std::vector<nn::Parameter>& state) const {
+                                           const std::vector<Value>& grads, OptimizerState& state) const {
     if (!(lr > 0.0f) || momentum < 0.0f || weight_decay < 0.0f)
       fail(errc::argument, "SGD: lr must be > 0, momentum and weight_decay >= 0");
+    const Value rate = state.learning_rate_node(g, lr);
     std::vector<Update> updates;
     for (std::size_t i = 0; i < params.size(); ++i) {
       const Value w = g.param(params[i].name, params[i].tensor);
@@ -41,9 +60,9 @@ struct SGD {
         const Value v = g.param(velocity.name, velocity.tensor);
         step = mul_scalar(v, momentum) + step;
         updates.push_back({v, step});
-        state.push_back(std::move(velocity));
+        state.tensors.push_back(std::move(velocity));
       }
-      updates.push_back({w, w - mul_scalar(step, lr)});
+      updates.push_back({w, w - step * rate});
     }
     return updates;
   }
@@ -59,16 +78,17 @@ struct Adam {
   float weight_decay = 0.0f;
 
   [[nodiscard]] std::vector<Update> append(Graph& g, const std::vector<nn::Parameter>& params,
-                                           const std::vector<Value>& grads, std::vector<nn::Parameter>& state) const {
+                                           const std::vector<Value>& grads, OptimizerState& state) const {
     if (!(lr > 0.0f) || !(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f) || !(eps > 0.0f))
       fail(errc::argument, "Adam: needs lr > 0, betas in [0, 1), eps > 0");
+    const Value rate = state.learning_rate_node(g, lr);
     std::vector<Update> updates;
     // The step counter t lives in a one-element state tensor, so the bias corrections
     // 1 - beta^t = 1 - exp(t·ln beta) are computed inside the compiled step.
     nn::Parameter counter{"adam.step", std::make_shared<Tensor>(Shape{1})};
     const Value t = add_scalar(g.param(counter.name, counter.tensor), 1.0f);
     updates.push_back({g.param(counter.name, counter.tensor), t});
-    state.push_back(counter);
+    state.tensors.push_back(counter);
     const Value correction1 = add_scalar(neg(exp(mul_scalar(t, std::log(beta1)))), 1.0f);
     const Value correction2 = add_scalar(neg(exp(mul_scalar(t, std::log(beta2)))), 1.0f);
     for (std::size_t i = 0; i < params.size(); ++i) {
@@ -85,9 +105,9 @@ struct Adam {
       const Value denom = add_scalar(sqrt(v_new / correction2), eps);
       updates.push_back({m, m_new});
       updates.push_back({v, v_new});
-      updates.push_back({w, w - mul_scalar(m_new / correction1 / denom, lr)});
-      state.push_back(std::move(m_state));
-      state.push_back(std::move(v_state));
+      updates.push_back({w, w - m_new / correction1 / denom * rate});
+      state.tensors.push_back(std::move(m_state));
+      state.tensors.push_back(std::move(v_state));
     }
     return updates;
   }

@@ -6,14 +6,22 @@
 #include "kiln/autodiff/gradients.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/ops/ops.hpp"
+#include "kiln/train/optimizers.hpp"
 
 namespace kiln {
 
 /// What train_step added to the graph.
 struct TrainStep {
   Value loss;
-  std::vector<Value> gradients;              ///< one per parameter, in order
-  std::vector<nn::Parameter> optimizer_state; ///< momentum buffers, Adam moments, step counter
+  std::vector<Value> gradients;  ///< one per parameter, in order
+  optim::OptimizerState optimizer; ///< learning rate, momentum buffers, Adam moments, step counter
+
+  /// Sets the learning rate the compiled step uses from its next run on (for schedules).
+  void set_learning_rate(float lr) const {
+    if (!(lr > 0.0f)) fail(errc::argument, "set_learning_rate: lr must be > 0, got " + std::to_string(lr));
+    optimizer.learning_rate->f32()[0] = lr;
+  }
+  [[nodiscard]] float learning_rate() const { return optimizer.learning_rate->f32()[0]; }
 };
 
 /// Appends to the loss's graph the backward pass, the optimizer's update of every parameter
@@ -29,7 +37,7 @@ TrainStep train_step(Value loss, const std::vector<nn::Parameter>& params, const
   TrainStep step{loss, gradients(loss, wrt), {}};
   // Every new value is computed before any is written back, so no update reads a
   // parameter another update has already replaced.
-  for (const auto& u : optimizer.append(g, params, step.gradients, step.optimizer_state)) assign(u.param, u.new_value);
+  for (const auto& u : optimizer.append(g, params, step.gradients, step.optimizer)) assign(u.param, u.new_value);
   g.mark_output(loss);
   return step;
 }
