@@ -55,12 +55,13 @@ std::unique_ptr<Setup> make_step(int batch) {
   using namespace kiln::nn;
   manual_seed(1);
   auto s = std::make_unique<Setup>();
-  s->net = Sequential{Conv2d(1, 32, 3), ReLU(), Conv2d(32, 64, 3), ReLU(), MaxPool2d(2),
-                      Flatten(),       Linear(9216, 128), ReLU(), Linear(128, 10)};
+  s->net = Sequential{Conv2d(1, 32, 3),  ReLU(), Conv2d(32, 64, 3), ReLU(), MaxPool2d(2), Flatten(),
+                      Linear(9216, 128), ReLU(), Linear(128, 10)};
   auto x = s->graph.input("x", {batch, 1, 28, 28});
   auto y = s->graph.input("y", {batch}, kiln::i32);
   s->loss = kiln::softmax_cross_entropy(s->net(x), y);
-  (void)kiln::train_step(s->loss, s->net.parameters(), kiln::optim::SGD{.lr = 0.01f, .momentum = 0.9f});
+  (void)kiln::train_step(s->loss, s->net.parameters(),
+                         kiln::optim::SGD{.lr = 0.01f, .momentum = 0.9f});
   kiln::Rng rng(2);
   s->images.resize(static_cast<std::size_t>(batch) * 784);
   s->labels.resize(static_cast<std::size_t>(batch));
@@ -81,12 +82,17 @@ int main(int argc, char** argv) {
   std::string json;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--batch") batch = std::stoi(argv[i + 1]);
-    else if (a == "--rounds") rounds = std::stoi(argv[i + 1]);
-    else if (a == "--steps") steps = std::stoi(argv[i + 1]);
-    else if (a == "--json") json = argv[i + 1];
+    if (a == "--batch")
+      batch = std::stoi(argv[i + 1]);
+    else if (a == "--rounds")
+      rounds = std::stoi(argv[i + 1]);
+    else if (a == "--steps")
+      steps = std::stoi(argv[i + 1]);
+    else if (a == "--json")
+      json = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: step_bench [--batch N] [--rounds N] [--steps N] [--json FILE]\n");
+      std::fprintf(stderr,
+                   "usage: step_bench [--batch N] [--rounds N] [--steps N] [--json FILE]\n");
       return 2;
     }
   }
@@ -108,33 +114,41 @@ int main(int argc, char** argv) {
     for (std::size_t k = 0; k < exes.size(); ++k) {
       const auto t0 = std::chrono::steady_clock::now();
       for (int s = 0; s < steps; ++s) exes[k].run();
-      ms[k].push_back(1000.0 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps);
+      ms[k].push_back(1000.0 *
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                      steps);
     }
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   const CpuTimes after = CpuTimes::now();
   const double cores = static_cast<double>(std::thread::hardware_concurrency());
   const double busy_seconds = static_cast<double>(after.busy - before.busy) /
-                              static_cast<double>(std::max(1LL, after.total - before.total)) * cores * wall;
+                              static_cast<double>(std::max(1LL, after.total - before.total)) *
+                              cores * wall;
   const double others = std::max(0.0, busy_seconds - (own_cpu_seconds() - own0)) / wall;
 
   const double gflop = 4.58 * batch / 64.0; // 2·MACs forward + backward of this net, per step
   std::printf("default MNIST CNN training step, batch %d, target %s, %d rounds x %d steps\n", batch,
               exes[0].plan().target.c_str(), rounds, steps);
-  std::printf("%-8s %12s %22s %12s %10s\n", "threads", "ms/step", "min..max", "images/s", "GFLOP/s");
+  std::printf("%-8s %12s %22s %12s %10s\n", "threads", "ms/step", "min..max", "images/s",
+              "GFLOP/s");
   for (std::size_t k = 0; k < exes.size(); ++k) {
     const double m = median(ms[k]);
     std::printf("%-8d %12.2f %10.2f..%-10.2f %12.0f %10.1f\n", thread_counts[k], m,
-                *std::min_element(ms[k].begin(), ms[k].end()), *std::max_element(ms[k].begin(), ms[k].end()),
-                1000.0 * batch / m, gflop / (m / 1000.0));
+                *std::min_element(ms[k].begin(), ms[k].end()),
+                *std::max_element(ms[k].begin(), ms[k].end()), 1000.0 * batch / m,
+                gflop / (m / 1000.0));
   }
-  std::printf("other processes used %.2f of %.0f cores during the %.1f s run%s\n", others, cores, wall,
-              others > 0.1 ? ": busy machine, rerun before quoting" : "");
+  std::printf("other processes used %.2f of %.0f cores during the %.1f s run%s\n", others, cores,
+              wall, others > 0.1 ? ": busy machine, rerun before quoting" : "");
   if (!json.empty()) {
     std::ofstream out(json);
-    out << "{\"benchmark\": \"step_bench\", \"network\": \"mnist_cnn\", \"batch\": " << batch << ", \"target\": \""
-        << exes[0].plan().target << "\", \"build_type\": \"" << KILN_BUILD_TYPE << "\", \"results\": [";
+    out << "{\"benchmark\": \"step_bench\", \"network\": \"mnist_cnn\", \"batch\": " << batch
+        << ", \"target\": \"" << exes[0].plan().target << "\", \"build_type\": \""
+        << KILN_BUILD_TYPE << "\", \"results\": [";
     for (std::size_t k = 0; k < exes.size(); ++k)
-      out << (k ? ", " : "") << "{\"threads\": " << thread_counts[k] << ", \"ms_per_step\": " << median(ms[k])
+      out << (k ? ", " : "") << "{\"threads\": " << thread_counts[k]
+          << ", \"ms_per_step\": " << median(ms[k])
           << ", \"min\": " << *std::min_element(ms[k].begin(), ms[k].end())
           << ", \"max\": " << *std::max_element(ms[k].begin(), ms[k].end()) << "}";
     out << "], \"other_cores_busy\": " << others << "}\n";

@@ -23,7 +23,9 @@ int main(int argc, char** argv) try {
   kiln::Executor step = kiln::compile(g, {.threads = 2});
 
   // 3. Feed batches and read the loss.
-  kiln::data::BatchLoader batches(train, {.batch_size = 64, .seed = 1, .drop_last = true,
+  kiln::data::BatchLoader batches(train, {.batch_size = 64,
+                                          .seed = 1,
+                                          .drop_last = true,
                                           .normalization = kiln::data::mnist_normalization});
   std::vector<float> images(batches.batch_image_elements());
   std::vector<std::int32_t> labels(64);
@@ -32,7 +34,8 @@ int main(int argc, char** argv) try {
     step.set_input("x", images);
     step.set_input("y", labels);
     step.run();
-    if (b % 20 == 19) std::printf("step %3lld  loss %.4f\n", static_cast<long long>(b + 1), step.scalar(loss));
+    if (b % 20 == 19)
+      std::printf("step %3lld  loss %.4f\n", static_cast<long long>(b + 1), step.scalar(loss));
   }
   return 0;
 } catch (const kiln::Error& e) {

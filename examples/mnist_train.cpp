@@ -37,9 +37,11 @@ struct Options {
 
 constexpr const char* usage =
     "usage: mnist_train [--data DIR] [--epochs N] [--batch N] [--lr X] [--lr-decay X]\n"
-    "                   [--momentum X] [--threads N] [--seed N] [--smoke] [--profile] [--json FILE]\n"
+    "                   [--momentum X] [--threads N] [--seed N] [--smoke] [--profile] [--json "
+    "FILE]\n"
     "  --data DIR   MNIST-format IDX files, plain or .gz (default: " KILN_MNIST_DIR ",\n"
-    "               fetched by scripts/fetch_mnist.sh; Fashion-MNIST: /usr/share/datasets/fashion-mnist)\n"
+    "               fetched by scripts/fetch_mnist.sh; Fashion-MNIST: "
+    "/usr/share/datasets/fashion-mnist)\n"
     "  --lr X       SGD learning rate of the first epoch (default 0.01), momentum 0.9\n"
     "  --lr-decay X the learning rate is multiplied by X after every epoch (default 0.7, as\n"
     "               PyTorch's MNIST example's StepLR; 1 keeps it constant)\n"
@@ -56,41 +58,55 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     try {
-      if (a == "--data") o.data = number(i, "--data");
-      else if (a == "--epochs") o.epochs = std::stoi(number(i, "--epochs"));
-      else if (a == "--batch") o.batch = std::stoi(number(i, "--batch"));
-      else if (a == "--lr") o.lr = std::stof(number(i, "--lr"));
-      else if (a == "--lr-decay") o.lr_decay = std::stof(number(i, "--lr-decay"));
-      else if (a == "--momentum") o.momentum = std::stof(number(i, "--momentum"));
-      else if (a == "--threads") o.threads = std::stoi(number(i, "--threads"));
-      else if (a == "--seed") o.seed = std::stoull(number(i, "--seed"));
-      else if (a == "--json") o.json = number(i, "--json");
-      else if (a == "--smoke") o.smoke = true;
-      else if (a == "--profile") o.profile = true;
+      if (a == "--data")
+        o.data = number(i, "--data");
+      else if (a == "--epochs")
+        o.epochs = std::stoi(number(i, "--epochs"));
+      else if (a == "--batch")
+        o.batch = std::stoi(number(i, "--batch"));
+      else if (a == "--lr")
+        o.lr = std::stof(number(i, "--lr"));
+      else if (a == "--lr-decay")
+        o.lr_decay = std::stof(number(i, "--lr-decay"));
+      else if (a == "--momentum")
+        o.momentum = std::stof(number(i, "--momentum"));
+      else if (a == "--threads")
+        o.threads = std::stoi(number(i, "--threads"));
+      else if (a == "--seed")
+        o.seed = std::stoull(number(i, "--seed"));
+      else if (a == "--json")
+        o.json = number(i, "--json");
+      else if (a == "--smoke")
+        o.smoke = true;
+      else if (a == "--profile")
+        o.profile = true;
       else if (a == "--help" || a == "-h") {
         std::fputs(usage, stdout);
         std::exit(0);
-      } else kiln::fail(kiln::errc::argument, "unknown option '" + a + "'");
+      } else
+        kiln::fail(kiln::errc::argument, "unknown option '" + a + "'");
     } catch (const std::logic_error&) { // std::stoi and friends
       kiln::fail(kiln::errc::argument, "bad value '" + std::string(argv[i]) + "' for " + a);
     }
   }
   if (o.epochs < 1 || o.batch < 1 || o.threads < 0 || !(o.lr > 0.0f) || !(o.lr_decay > 0.0f))
-    kiln::fail(kiln::errc::argument, "--epochs and --batch must be >= 1, --threads >= 0, --lr and --lr-decay > 0");
+    kiln::fail(kiln::errc::argument,
+               "--epochs and --batch must be >= 1, --threads >= 0, --lr and --lr-decay > 0");
   return o;
 }
 
 /// The classic MNIST CNN (PyTorch's examples/mnist without dropout).
 kiln::nn::Sequential make_net() {
   using namespace kiln::nn;
-  return Sequential{Conv2d(1, 32, 3), ReLU(), Conv2d(32, 64, 3), ReLU(), MaxPool2d(2), Flatten(),
+  return Sequential{Conv2d(1, 32, 3),  ReLU(), Conv2d(32, 64, 3), ReLU(), MaxPool2d(2), Flatten(),
                     Linear(9216, 128), ReLU(), Linear(128, 10)};
 }
 
 /// Test accuracy in percent, evaluated in batches of `batch` (the last one zero-padded).
-double evaluate(kiln::Executor& exe, kiln::Value logits, const kiln::data::Dataset& test, std::int64_t batch,
-                kiln::data::Normalization normalization) {
-  kiln::data::BatchLoader loader(test, {.batch_size = batch, .shuffle = false, .normalization = normalization});
+double evaluate(kiln::Executor& exe, kiln::Value logits, const kiln::data::Dataset& test,
+                std::int64_t batch, kiln::data::Normalization normalization) {
+  kiln::data::BatchLoader loader(
+      test, {.batch_size = batch, .shuffle = false, .normalization = normalization});
   std::vector<float> images(static_cast<std::size_t>(loader.batch_image_elements()));
   std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
   std::int64_t correct = 0;
@@ -106,19 +122,22 @@ double evaluate(kiln::Executor& exe, kiln::Value logits, const kiln::data::Datas
 void progress(std::int64_t done, std::int64_t total, double loss) {
   constexpr int width = 30;
   const auto filled = static_cast<int>(width * done / std::max<std::int64_t>(total, 1));
-  std::printf("\r  [%.*s%*s] %lld/%lld  loss %.4f", filled, "==============================", width - filled, "",
-              static_cast<long long>(done), static_cast<long long>(total), loss);
+  std::printf("\r  [%.*s%*s] %lld/%lld  loss %.4f", filled,
+              "==============================", width - filled, "", static_cast<long long>(done),
+              static_cast<long long>(total), loss);
   std::fflush(stdout);
 }
 
 int run(const Options& o) {
   // Fashion-MNIST has other pixel statistics; the path tells which data set this is.
   const bool fashion = o.data.find("fashion") != std::string::npos;
-  const auto normalization = fashion ? kiln::data::fashion_mnist_normalization : kiln::data::mnist_normalization;
+  const auto normalization =
+      fashion ? kiln::data::fashion_mnist_normalization : kiln::data::mnist_normalization;
   const kiln::data::Dataset train = kiln::data::load_mnist(o.data, kiln::data::Split::train);
   const kiln::data::Dataset test = kiln::data::load_mnist(o.data, kiln::data::Split::test);
-  std::printf("kiln mnist_train: %lld train / %lld test images from %s\n", static_cast<long long>(train.count),
-              static_cast<long long>(test.count), o.data.c_str());
+  std::printf("kiln mnist_train: %lld train / %lld test images from %s\n",
+              static_cast<long long>(train.count), static_cast<long long>(test.count),
+              o.data.c_str());
 
   kiln::nn::manual_seed(o.seed);
   kiln::nn::Sequential net = make_net();
@@ -127,7 +146,8 @@ int run(const Options& o) {
   const auto x = train_graph.input("x", {o.batch, 1, train.height, train.width});
   const auto y = train_graph.input("y", {o.batch}, kiln::i32);
   const auto loss = kiln::softmax_cross_entropy(net(x), y);
-  const kiln::TrainStep training = kiln::train_step(loss, net.parameters(), kiln::optim::SGD{.lr = o.lr, .momentum = o.momentum});
+  const kiln::TrainStep training = kiln::train_step(
+      loss, net.parameters(), kiln::optim::SGD{.lr = o.lr, .momentum = o.momentum});
   kiln::Executor step = kiln::compile(train_graph, {.threads = o.threads, .profile = o.profile});
 
   net.eval();
@@ -138,18 +158,21 @@ int run(const Options& o) {
   kiln::Executor eval = kiln::compile(eval_graph, {.threads = o.threads});
 
   const kiln::Plan& plan = step.plan();
-  std::printf("compiled step: %zu kernels, arena %.1f MiB (unshared %.1f MiB), %d threads, %s\n", plan.steps.size(),
-              static_cast<double>(plan.memory.arena_bytes) / 1048576.0,
-              static_cast<double>(plan.memory.naive_bytes) / 1048576.0, plan.threads, plan.target.c_str());
+  std::printf("compiled step: %zu kernels, arena %.1f MiB (unshared %.1f MiB), %d threads, %s\n",
+              plan.steps.size(), static_cast<double>(plan.memory.arena_bytes) / 1048576.0,
+              static_cast<double>(plan.memory.naive_bytes) / 1048576.0, plan.threads,
+              plan.target.c_str());
   std::fflush(stdout);
 
-  kiln::data::BatchLoader loader(train, {.batch_size = o.batch, .seed = o.seed, .drop_last = true,
-                                         .normalization = normalization});
+  kiln::data::BatchLoader loader(
+      train,
+      {.batch_size = o.batch, .seed = o.seed, .drop_last = true, .normalization = normalization});
   std::vector<float> images(static_cast<std::size_t>(loader.batch_image_elements()));
   std::vector<std::int32_t> labels(static_cast<std::size_t>(o.batch));
   const bool tty = isatty(fileno(stdout)) != 0;
   const int epochs = o.smoke ? 1 : o.epochs;
-  const std::int64_t steps_per_epoch = o.smoke ? std::min<std::int64_t>(30, loader.batches()) : loader.batches();
+  const std::int64_t steps_per_epoch =
+      o.smoke ? std::min<std::int64_t>(30, loader.batches()) : loader.batches();
 
   double final_loss = 0.0, accuracy = 0.0, total_seconds = 0.0;
   std::int64_t total_steps = 0;
@@ -168,16 +191,19 @@ int run(const Options& o) {
       const float l = step.scalar(loss);
       loss_sum += l;
       smoke_losses.push_back(l);
-      if (tty && (b % 10 == 9 || b + 1 == steps_per_epoch)) progress(b + 1, steps_per_epoch, loss_sum / double(b + 1));
+      if (tty && (b % 10 == 9 || b + 1 == steps_per_epoch))
+        progress(b + 1, steps_per_epoch, loss_sum / double(b + 1));
     }
     if (tty) std::printf("\r%80s\r", "");
     final_loss = loss_sum / static_cast<double>(steps_per_epoch);
     total_seconds += seconds;
     total_steps += steps_per_epoch;
     accuracy = evaluate(eval, logits, test, eval_batch, normalization);
-    std::printf("epoch %d/%d  lr %.4g  loss %.4f  test accuracy %.2f%%  %.0f images/s  %.2f ms/step\n", epoch + 1,
-                epochs, static_cast<double>(training.learning_rate()), final_loss, accuracy, static_cast<double>(steps_per_epoch * o.batch) / seconds,
-                1000.0 * seconds / static_cast<double>(steps_per_epoch));
+    std::printf(
+        "epoch %d/%d  lr %.4g  loss %.4f  test accuracy %.2f%%  %.0f images/s  %.2f ms/step\n",
+        epoch + 1, epochs, static_cast<double>(training.learning_rate()), final_loss, accuracy,
+        static_cast<double>(steps_per_epoch * o.batch) / seconds,
+        1000.0 * seconds / static_cast<double>(steps_per_epoch));
     std::fflush(stdout); // visible per epoch also when piped to a log
   }
   const double ms_per_step = 1000.0 * total_seconds / static_cast<double>(total_steps);
@@ -185,20 +211,22 @@ int run(const Options& o) {
 
   if (o.profile) {
     std::map<std::string, double> by_op;
-    for (const kiln::StepTime& t : step.step_times()) by_op[std::string(kiln::op_name(t.op))] += t.seconds;
+    for (const kiln::StepTime& t : step.step_times())
+      by_op[std::string(kiln::op_name(t.op))] += t.seconds;
     std::vector<std::pair<double, std::string>> top;
     for (const auto& [name, s] : by_op) top.emplace_back(s, name);
     std::sort(top.rbegin(), top.rend());
     std::printf("time per op over %lld steps:\n", static_cast<long long>(total_steps));
     for (const auto& [s, name] : top)
-      std::printf("  %-28s %8.3f ms/step  %5.1f%%\n", name.c_str(), 1000.0 * s / double(total_steps),
-                  100.0 * s / total_seconds);
+      std::printf("  %-28s %8.3f ms/step  %5.1f%%\n", name.c_str(),
+                  1000.0 * s / double(total_steps), 100.0 * s / total_seconds);
   }
   if (!o.json.empty()) {
     std::ofstream out(o.json);
     out << "{\"test_accuracy\": " << accuracy / 100.0 << ", \"final_loss\": " << final_loss
-        << ", \"epochs\": " << epochs << ", \"images_per_s\": " << images_per_s << ", \"ms_per_step\": " << ms_per_step
-        << ", \"batch\": " << o.batch << ", \"threads\": " << plan.threads << ", \"target\": \"" << plan.target
+        << ", \"epochs\": " << epochs << ", \"images_per_s\": " << images_per_s
+        << ", \"ms_per_step\": " << ms_per_step << ", \"batch\": " << o.batch
+        << ", \"threads\": " << plan.threads << ", \"target\": \"" << plan.target
         << "\", \"seed\": " << o.seed << ", \"steps\": " << total_steps << "}\n";
     if (!out) kiln::fail(kiln::errc::io, "cannot write " + o.json);
   }

@@ -16,8 +16,8 @@ using kiln::Value;
 
 /// Uniform values in [lo, hi) with magnitude at least `gap`, so that relu and maxpool are
 /// not probed across their kinks.
-std::shared_ptr<kiln::Tensor> random_tensor(Shape shape, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f,
-                                            float gap = 0.0f) {
+std::shared_ptr<kiln::Tensor> random_tensor(Shape shape, std::uint64_t seed, float lo = -1.0f,
+                                            float hi = 1.0f, float gap = 0.0f) {
   auto t = std::make_shared<kiln::Tensor>(shape);
   kiln::Rng rng(seed);
   for (float& v : t->f32()) {
@@ -54,28 +54,43 @@ TEST_CASE("gradients: broadcasting add, sub, mul, div") {
 }
 
 TEST_CASE("gradients: unary elementwise ops") {
-  check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::neg(p[0])); }, {random_tensor({5}, 9)});
+  check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::neg(p[0])); },
+        {random_tensor({5}, 9)});
   check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::relu(p[0])); },
         {random_tensor({4, 5}, 10, -1.0f, 1.0f, 0.05f)});
-  check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::exp(p[0])); }, {random_tensor({7}, 11)});
+  check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::exp(p[0])); },
+        {random_tensor({7}, 11)});
   check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::log(p[0])); },
         {random_tensor({7}, 12, 0.5f, 2.0f)});
   check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::sqrt(p[0])); },
         {random_tensor({7}, 13, 0.5f, 2.0f)});
   check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::rsqrt(p[0])); },
         {random_tensor({7}, 14, 0.5f, 2.0f)});
-  check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::square(p[0])); }, {random_tensor({7}, 15)});
-  check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::mul_scalar(kiln::add_scalar(p[0], 0.5f), -3.0f)); },
-        {random_tensor({7}, 16)});
+  check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::square(p[0])); },
+        {random_tensor({7}, 15)});
+  check(
+      [](kiln::Graph&, const std::vector<Value>& p) {
+        return project(kiln::mul_scalar(kiln::add_scalar(p[0], 0.5f), -3.0f));
+      },
+      {random_tensor({7}, 16)});
 }
 
 TEST_CASE("gradients: broadcast_to, sum_to, reshape, mean") {
-  check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::broadcast_to(p[0], {2, 3, 4})); },
-        {random_tensor({3, 1}, 17)});
-  check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::sum_to(p[0], {1, 3, 1})); },
-        {random_tensor({2, 3, 4}, 18)});
-  check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::reshape(p[0], {4, -1})); },
-        {random_tensor({2, 3, 4}, 19)});
+  check(
+      [](kiln::Graph&, const std::vector<Value>& p) {
+        return project(kiln::broadcast_to(p[0], {2, 3, 4}));
+      },
+      {random_tensor({3, 1}, 17)});
+  check(
+      [](kiln::Graph&, const std::vector<Value>& p) {
+        return project(kiln::sum_to(p[0], {1, 3, 1}));
+      },
+      {random_tensor({2, 3, 4}, 18)});
+  check(
+      [](kiln::Graph&, const std::vector<Value>& p) {
+        return project(kiln::reshape(p[0], {4, -1}));
+      },
+      {random_tensor({2, 3, 4}, 19)});
   check([](kiln::Graph&, const std::vector<Value>& p) { return kiln::mean(kiln::square(p[0])); },
         {random_tensor({3, 5}, 20)});
 }
@@ -87,7 +102,8 @@ TEST_CASE("gradients: matmul with every transpose combination") {
       CAPTURE(tb);
       const Shape a = ta ? Shape{5, 3} : Shape{3, 5};
       const Shape b = tb ? Shape{4, 5} : Shape{5, 4};
-      check([&](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::matmul(p[0], p[1], ta, tb)); },
+      check([&](kiln::Graph&,
+                const std::vector<Value>& p) { return project(kiln::matmul(p[0], p[1], ta, tb)); },
             {random_tensor(a, 21), random_tensor(b, 22)});
     }
 }
@@ -97,13 +113,16 @@ TEST_CASE("gradients: conv2d with stride and padding, input and weight") {
     Shape x, w;
     int stride, padding;
   };
-  for (const Case& c : {Case{{2, 3, 6, 6}, {4, 3, 3, 3}, 1, 0}, Case{{1, 2, 7, 7}, {3, 2, 3, 3}, 2, 1},
-                        Case{{2, 1, 5, 5}, {2, 1, 1, 1}, 1, 0}}) {
+  for (const Case& c :
+       {Case{{2, 3, 6, 6}, {4, 3, 3, 3}, 1, 0}, Case{{1, 2, 7, 7}, {3, 2, 3, 3}, 2, 1},
+        Case{{2, 1, 5, 5}, {2, 1, 1, 1}, 1, 0}}) {
     CAPTURE(c.stride);
     CAPTURE(c.padding);
-    check([&](kiln::Graph&, const std::vector<Value>& p) {
-      return project(kiln::conv2d(p[0], p[1], {.stride = c.stride, .padding = c.padding}));
-    }, {random_tensor(c.x, 23), random_tensor(c.w, 24)});
+    check(
+        [&](kiln::Graph&, const std::vector<Value>& p) {
+          return project(kiln::conv2d(p[0], p[1], {.stride = c.stride, .padding = c.padding}));
+        },
+        {random_tensor(c.x, 23), random_tensor(c.w, 24)});
   }
 }
 
@@ -112,17 +131,24 @@ TEST_CASE("gradients: max, average and global average pooling") {
   auto distinct = std::make_shared<kiln::Tensor>(Shape{2, 2, 5, 5});
   kiln::Rng rng(25);
   auto data = distinct->f32();
-  for (std::size_t i = 0; i < data.size(); ++i) data[i] = 0.01f * static_cast<float>((i * 37) % data.size());
+  for (std::size_t i = 0; i < data.size(); ++i)
+    data[i] = 0.01f * static_cast<float>((i * 37) % data.size());
   for (std::size_t i = data.size() - 1; i > 0; --i) std::swap(data[i], data[rng.below(i + 1)]);
-  check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::max_pool2d(p[0], {.kernel = 2})); },
+  check([](kiln::Graph&,
+           const std::vector<Value>& p) { return project(kiln::max_pool2d(p[0], {.kernel = 2})); },
         {distinct});
-  check([](kiln::Graph&, const std::vector<Value>& p) {
-    return project(kiln::max_pool2d(p[0], {.kernel = 3, .stride = 2, .padding = 1}));
-  }, {distinct});
-  check([](kiln::Graph&, const std::vector<Value>& p) {
-    return project(kiln::avg_pool2d(p[0], {.kernel = 3, .stride = 2, .padding = 1}));
-  }, {random_tensor({2, 2, 5, 5}, 26)});
-  check([](kiln::Graph&, const std::vector<Value>& p) { return project(kiln::global_avg_pool2d(p[0])); },
+  check(
+      [](kiln::Graph&, const std::vector<Value>& p) {
+        return project(kiln::max_pool2d(p[0], {.kernel = 3, .stride = 2, .padding = 1}));
+      },
+      {distinct});
+  check(
+      [](kiln::Graph&, const std::vector<Value>& p) {
+        return project(kiln::avg_pool2d(p[0], {.kernel = 3, .stride = 2, .padding = 1}));
+      },
+      {random_tensor({2, 2, 5, 5}, 26)});
+  check([](kiln::Graph&,
+           const std::vector<Value>& p) { return project(kiln::global_avg_pool2d(p[0])); },
         {random_tensor({2, 3, 4, 4}, 27)});
 }
 
@@ -132,9 +158,11 @@ TEST_CASE("gradients: log_softmax and softmax cross-entropy") {
   auto labels = std::make_shared<kiln::Tensor>(Shape{4}, kiln::i32);
   const std::int32_t classes[] = {0, 5, 2, 5};
   for (int i = 0; i < 4; ++i) static_cast<std::int32_t*>(labels->data())[i] = classes[i];
-  check([&](kiln::Graph& g, const std::vector<Value>& p) {
-    return kiln::softmax_cross_entropy(p[0], g.param("labels", labels));
-  }, {random_tensor({4, 6}, 29, -2.0f, 2.0f)});
+  check(
+      [&](kiln::Graph& g, const std::vector<Value>& p) {
+        return kiln::softmax_cross_entropy(p[0], g.param("labels", labels));
+      },
+      {random_tensor({4, 6}, 29, -2.0f, 2.0f)});
 }
 
 TEST_CASE("gradients: batchnorm2d in training mode (composite of reductions)") {
@@ -145,8 +173,8 @@ TEST_CASE("gradients: batchnorm2d in training mode (composite of reductions)") {
 
 TEST_CASE("gradients: a whole small CNN, every parameter") {
   kiln::nn::manual_seed(31);
-  kiln::nn::Sequential net{kiln::nn::Conv2d(1, 3, 3, 1, 1), kiln::nn::ReLU(), kiln::nn::MaxPool2d(2),
-                           kiln::nn::Flatten(), kiln::nn::Linear(12, 4)};
+  kiln::nn::Sequential net{kiln::nn::Conv2d(1, 3, 3, 1, 1), kiln::nn::ReLU(),
+                           kiln::nn::MaxPool2d(2), kiln::nn::Flatten(), kiln::nn::Linear(12, 4)};
   auto labels = std::make_shared<kiln::Tensor>(Shape{2}, kiln::i32);
   static_cast<std::int32_t*>(labels->data())[1] = 3;
   std::vector<std::shared_ptr<kiln::Tensor>> params;

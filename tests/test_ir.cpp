@@ -48,7 +48,8 @@ TEST_CASE("printer: conv, pooling and matmul attributes are printed") {
   auto w = g.param("w", std::make_shared<kiln::Tensor>(kiln::Shape{4, 1, 3, 3}));
   auto y = kiln::max_pool2d(kiln::conv2d(x, w, {.stride = 1, .padding = 1}), {.kernel = 2});
   auto flat = kiln::flatten(y);
-  auto z = kiln::matmul(flat, g.param("l", std::make_shared<kiln::Tensor>(kiln::Shape{5, 64})), false, true);
+  auto z = kiln::matmul(flat, g.param("l", std::make_shared<kiln::Tensor>(kiln::Shape{5, 64})),
+                        false, true);
   const std::string text = kiln::to_text(g);
   CHECK(text.find("conv2d(%0, %1) {stride=1x1, pad=1x1} : f32[1,4,8,8]") != std::string::npos);
   CHECK(text.find("maxpool2d(%2) {kernel=2, stride=2, pad=0} : f32[1,4,4,4]") != std::string::npos);
@@ -74,12 +75,14 @@ TEST_CASE("builder: a shape mismatch throws kiln.verify.shape naming the node") 
   auto a = g.input("a", {64, 10});
   auto b = g.input("b", {64, 12});
   const std::string msg = error_message([&] { (void)(a + b); });
-  CHECK(msg == "[kiln.verify.shape] node %2 add(%0:[64,10], %1:[64,12]): [64,10] vs [64,12] do not broadcast");
+  CHECK(msg == "[kiln.verify.shape] node %2 add(%0:[64,10], %1:[64,12]): [64,10] vs [64,12] do not "
+               "broadcast");
   CHECK(error_code([&] { (void)kiln::matmul(a, b); }) == "kiln.verify.shape");
   auto x = g.input("x", {8, 3, 28, 28});
   auto w = g.param("w", std::make_shared<kiln::Tensor>(kiln::Shape{16, 1, 3, 3}));
-  CHECK(error_message([&] { (void)kiln::conv2d(x, w); }).find("conv2d(%2:[8,3,28,28], %3:[16,1,3,3])") !=
-        std::string::npos);
+  CHECK(error_message([&] {
+          (void)kiln::conv2d(x, w);
+        }).find("conv2d(%2:[8,3,28,28], %3:[16,1,3,3])") != std::string::npos);
   CHECK(error_code([&] { (void)kiln::reshape(a, {7, -1}); }) == "kiln.verify.shape");
   CHECK(error_code([&] { (void)kiln::sum_to(a, {3}); }) == "kiln.verify.shape");
   CHECK(error_code([&] { (void)kiln::max_pool2d(a); }) == "kiln.verify.shape");
@@ -91,11 +94,15 @@ TEST_CASE("builder: dtype, arity and attribute errors have their own codes") {
   kiln::Graph g;
   auto logits = g.input("logits", {4, 10});
   auto float_labels = g.input("y", {4});
-  CHECK(error_code([&] { (void)kiln::softmax_cross_entropy(logits, float_labels); }) == "kiln.verify.dtype");
+  CHECK(error_code([&] { (void)kiln::softmax_cross_entropy(logits, float_labels); }) ==
+        "kiln.verify.dtype");
   CHECK(error_code([&] { (void)g.append(kiln::Op::Add, {logits.id}); }) == "kiln.verify.arity");
-  CHECK(error_code([&] { (void)g.append(kiln::Op::MulScalar, {logits.id}); }) == "kiln.verify.attr");
-  CHECK(error_code([&] { (void)kiln::max_pool2d(g.input("img", {1, 1, 4, 4}), {.kernel = 2, .stride = 0, .padding = 2}); }) ==
+  CHECK(error_code([&] { (void)g.append(kiln::Op::MulScalar, {logits.id}); }) ==
         "kiln.verify.attr");
+  CHECK(error_code([&] {
+          (void)kiln::max_pool2d(g.input("img", {1, 1, 4, 4}),
+                                 {.kernel = 2, .stride = 0, .padding = 2});
+        }) == "kiln.verify.attr");
   CHECK(error_code([&] { (void)kiln::dropout_mask(g, {4}, 1.0f, 0); }) == "kiln.verify.attr");
 }
 
@@ -109,10 +116,13 @@ TEST_CASE("graph errors: bad inputs, assign targets, undifferentiable ops") {
   auto loss = kiln::sum(m * p);
   // The mask is not differentiable, but nothing asks for its gradient: fine.
   CHECK(kiln::gradients(loss, std::vector<kiln::Value>{p}).size() == 1);
-  auto pooled = kiln::max_pool2d_grad(g.input("a", {1, 1, 2, 2}), g.input("b", {1, 1, 1, 1}), {2, 2, 0, 2, 2});
+  auto pooled = kiln::max_pool2d_grad(g.input("a", {1, 1, 2, 2}), g.input("b", {1, 1, 1, 1}),
+                                      {2, 2, 0, 2, 2});
   auto q = g.param("q", std::make_shared<kiln::Tensor>(kiln::Shape{1, 1, 2, 2}));
-  auto through = kiln::sum(kiln::max_pool2d_grad(q, g.input("c", {1, 1, 1, 1}), {2, 2, 0, 2, 2}) + pooled);
-  CHECK(error_code([&] { (void)kiln::gradients(through, std::vector<kiln::Value>{q}); }) == "kiln.verify.graph");
+  auto through =
+      kiln::sum(kiln::max_pool2d_grad(q, g.input("c", {1, 1, 1, 1}), {2, 2, 0, 2, 2}) + pooled);
+  CHECK(error_code([&] { (void)kiln::gradients(through, std::vector<kiln::Value>{q}); }) ==
+        "kiln.verify.graph");
 }
 
 TEST_CASE("verifier: a corrupted graph is rejected at the corrupted node") {
@@ -134,7 +144,8 @@ TEST_CASE("verifier: reading a param after its assign is a hazard") {
   auto p = g.param("p", std::make_shared<kiln::Tensor>(kiln::Shape{3}));
   (void)kiln::assign(p, kiln::add_scalar(p, 1.0f));
   (void)kiln::relu(p);
-  CHECK(error_message([&] { kiln::verify(g); }).find("reads param %0 after it was assigned") != std::string::npos);
+  CHECK(error_message([&] { kiln::verify(g); }).find("reads param %0 after it was assigned") !=
+        std::string::npos);
 }
 
 TEST_CASE("api errors: unknown names, bad arguments, wrong feeds") {
@@ -150,8 +161,11 @@ TEST_CASE("api errors: unknown names, bad arguments, wrong feeds") {
   auto exe = kiln::compile(g, {.threads = 1});
   CHECK(error_code([&] { exe.set_input("z", std::vector<float>(6)); }) == "kiln.api.not_found");
   CHECK(error_code([&] { exe.set_input("x", std::vector<float>(5)); }) == "kiln.verify.shape");
-  CHECK(error_code([&] { exe.set_input("x", std::vector<std::int32_t>(6)); }) == "kiln.verify.dtype");
-  const std::string msg = error_message([&] { exe.set_input("y", std::vector<std::int32_t>{1, 3}); });
+  CHECK(error_code([&] { exe.set_input("x", std::vector<std::int32_t>(6)); }) ==
+        "kiln.verify.dtype");
+  const std::string msg = error_message([&] {
+    exe.set_input("y", std::vector<std::int32_t>{1, 3});
+  });
   CHECK(msg == "[kiln.data.label] input 'y': label 3 at index 1 is outside [0, 3)");
   CHECK(error_code([&] { (void)exe.output(x.id + 100); }) == "kiln.api.not_found");
   CHECK(error_code([&] { (void)exe.output(x); }) == "kiln.api.not_found");

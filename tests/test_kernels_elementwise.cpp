@@ -44,7 +44,8 @@ using ReferenceFn = float (*)(float, float, float);
 constexpr std::array<ReferenceFn, kiln::op_count> reference_table() {
   std::array<ReferenceFn, kiln::op_count> t{};
 #define KILN_REFERENCE(name, spelling)                                                             \
-  if constexpr (kiln::OpDef<Op::name>::is_elementwise) t[kiln::op_index(Op::name)] = &scalar_reference<Op::name>;
+  if constexpr (kiln::OpDef<Op::name>::is_elementwise)                                             \
+    t[kiln::op_index(Op::name)] = &scalar_reference<Op::name>;
   KILN_OP_LIST(KILN_REFERENCE)
 #undef KILN_REFERENCE
   return t;
@@ -59,12 +60,12 @@ struct ShapeCase {
 TEST_CASE("elementwise kernels match the scalar reference on every target") {
   constexpr auto reference = reference_table();
   const ShapeCase cases[] = {
-      {{3, 17}, {3, 17}, {3, 17}},             // same shape, a tail after the vectors
+      {{3, 17}, {3, 17}, {3, 17}},                // same shape, a tail after the vectors
       {{2, 3, 5, 7}, {2, 3, 5, 7}, {1, 3, 1, 1}}, // per-channel bias over NCHW
-      {{4, 33}, {4, 33}, {33}},                // row bias
-      {{5, 6}, {5, 1}, {1, 6}},                // outer product shape
-      {{1}, {1}, {1}},                         // one element
-      {{2, 64, 13}, {1}, {2, 64, 13}},         // scalar on the left
+      {{4, 33}, {4, 33}, {33}},                   // row bias
+      {{5, 6}, {5, 1}, {1, 6}},                   // outer product shape
+      {{1}, {1}, {1}},                            // one element
+      {{2, 64, 13}, {1}, {2, 64, 13}},            // scalar on the left
   };
   int ops_checked = 0;
   kiln::test::for_each_target([&](const kiln::cpu::KernelTable& table) {
@@ -78,7 +79,8 @@ TEST_CASE("elementwise kernels match the scalar reference on every target") {
       for (const ShapeCase& c : cases) {
         // relu_grad takes equal shapes; other unary ops take the output's shape.
         const bool same_shape = info.name == "relu_grad";
-        const Shape a_shape = (info.arity == 1 && info.name != "broadcast_to") || same_shape ? c.out : c.a;
+        const Shape a_shape =
+            (info.arity == 1 && info.name != "broadcast_to") || same_shape ? c.out : c.a;
         const Shape b_shape = same_shape ? c.out : c.b;
         auto a = random_values(a_shape.numel(), 1, positive);
         auto b = random_values(b_shape.numel(), 2, positive);
@@ -93,10 +95,14 @@ TEST_CASE("elementwise kernels match the scalar reference on every target") {
         table.run[op](args);
         for (std::int64_t i = 0; i < c.out.numel(); ++i) {
           const float av = a[static_cast<std::size_t>(broadcast_index(c.out, args.in[0].shape, i))];
-          const float bv = info.arity > 1 ? b[static_cast<std::size_t>(broadcast_index(c.out, args.in[1].shape, i))] : av;
+          const float bv =
+              info.arity > 1
+                  ? b[static_cast<std::size_t>(broadcast_index(c.out, args.in[1].shape, i))]
+                  : av;
           const float expected = reference[op](av, bv, 0.75f);
           CAPTURE(i);
-          CHECK(std::abs(out[static_cast<std::size_t>(i)] - expected) <= 1e-5f * std::max(1.0f, std::abs(expected)));
+          CHECK(std::abs(out[static_cast<std::size_t>(i)] - expected) <=
+                1e-5f * std::max(1.0f, std::abs(expected)));
         }
       }
       ++ops_checked;

@@ -37,7 +37,8 @@ TEST_CASE("planner: random lifetimes never overlap and reuse memory") {
 
 TEST_CASE("planner: a chain of ops reuses two buffers") {
   // a -> b -> c -> d: each buffer only lives while its consumer runs.
-  const std::vector<kiln::BufferRequest> chain = {{1000, 0, 1}, {1000, 1, 2}, {1000, 2, 3}, {1000, 3, 3}};
+  const std::vector<kiln::BufferRequest> chain = {
+      {1000, 0, 1}, {1000, 1, 2}, {1000, 2, 3}, {1000, 3, 3}};
   const kiln::MemoryPlan plan = kiln::plan_memory(chain);
   CHECK(plan.arena_bytes == 2 * kiln::align_up(1000));
   CHECK(plan.naive_bytes == 4 * kiln::align_up(1000));
@@ -54,12 +55,18 @@ TEST_CASE("planner: the overlap check finds a planted clash") {
 
 TEST_CASE("planner: compiled training steps of test networks have no overlapping live buffers") {
   kiln::nn::manual_seed(1);
-  kiln::nn::Sequential cnn{kiln::nn::Conv2d(1, 8, 3), kiln::nn::ReLU(), kiln::nn::Conv2d(8, 8, 3, 1, 1),
-                           kiln::nn::BatchNorm2d(8), kiln::nn::ReLU(), kiln::nn::MaxPool2d(2),
-                           kiln::nn::Dropout(0.25f), kiln::nn::Flatten(), kiln::nn::Linear(8 * 13 * 13, 10)};
-  kiln::nn::Sequential lenet{kiln::nn::Conv2d(1, 6, 5, 1, 2), kiln::nn::ReLU(), kiln::nn::AvgPool2d(2),
-                             kiln::nn::Conv2d(6, 16, 5), kiln::nn::ReLU(), kiln::nn::AvgPool2d(2),
-                             kiln::nn::Flatten(), kiln::nn::Linear(400, 10)};
+  kiln::nn::Sequential cnn{
+      kiln::nn::Conv2d(1, 8, 3), kiln::nn::ReLU(),    kiln::nn::Conv2d(8, 8, 3, 1, 1),
+      kiln::nn::BatchNorm2d(8),  kiln::nn::ReLU(),    kiln::nn::MaxPool2d(2),
+      kiln::nn::Dropout(0.25f),  kiln::nn::Flatten(), kiln::nn::Linear(8 * 13 * 13, 10)};
+  kiln::nn::Sequential lenet{kiln::nn::Conv2d(1, 6, 5, 1, 2),
+                             kiln::nn::ReLU(),
+                             kiln::nn::AvgPool2d(2),
+                             kiln::nn::Conv2d(6, 16, 5),
+                             kiln::nn::ReLU(),
+                             kiln::nn::AvgPool2d(2),
+                             kiln::nn::Flatten(),
+                             kiln::nn::Linear(400, 10)};
   for (kiln::nn::Sequential* net : {&cnn, &lenet}) {
     kiln::Graph g;
     auto x = g.input("x", {8, 1, 28, 28});

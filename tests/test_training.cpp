@@ -31,7 +31,8 @@ struct LinearProblem {
   std::shared_ptr<kiln::Tensor> c = std::make_shared<kiln::Tensor>(Shape{3});
   LinearProblem() {
     const float w0[] = {0.5f, -1.0f, 2.0f}, c0[] = {1.0f, -2.0f, 0.25f};
-    for (int i = 0; i < 3; ++i) w->f32()[static_cast<std::size_t>(i)] = w0[i], c->f32()[static_cast<std::size_t>(i)] = c0[i];
+    for (int i = 0; i < 3; ++i)
+      w->f32()[static_cast<std::size_t>(i)] = w0[i], c->f32()[static_cast<std::size_t>(i)] = c0[i];
   }
   template <class Opt> kiln::Executor compile(kiln::Graph& g, const Opt& opt) {
     const Value loss = kiln::sum(g.param("w", w) * g.param("c", c));
@@ -88,8 +89,11 @@ TEST_CASE("an MLP learns 4 blobs with SGD and with Adam; eval graph shares the w
     auto x = g.input("x", {64, 2});
     auto y = g.input("y", {64}, kiln::i32);
     auto loss = kiln::softmax_cross_entropy(net(x), y);
-    if (use_adam) (void)kiln::train_step(loss, net.parameters(), kiln::optim::Adam{.lr = 0.02f});
-    else (void)kiln::train_step(loss, net.parameters(), kiln::optim::SGD{.lr = 0.1f, .momentum = 0.9f});
+    if (use_adam)
+      (void)kiln::train_step(loss, net.parameters(), kiln::optim::Adam{.lr = 0.02f});
+    else
+      (void)kiln::train_step(loss, net.parameters(),
+                             kiln::optim::SGD{.lr = 0.1f, .momentum = 0.9f});
     auto exe = kiln::compile(g, {.threads = 2});
     exe.set_input("x", xs);
     exe.set_input("y", ys);
@@ -118,12 +122,14 @@ TEST_CASE("an MLP learns 4 blobs with SGD and with Adam; eval graph shares the w
   }
 }
 
-TEST_CASE("a small CNN with batchnorm and dropout: loss falls, running stats move, eval is deterministic") {
+TEST_CASE("a small CNN with batchnorm and dropout: loss falls, running stats move, eval is "
+          "deterministic") {
   kiln::nn::manual_seed(5);
   kiln::nn::BatchNorm2d* bn = nullptr;
-  kiln::nn::Sequential net{kiln::nn::Conv2d(1, 4, 3, 1, 1), kiln::nn::BatchNorm2d(4), kiln::nn::ReLU(),
-                           kiln::nn::MaxPool2d(2), kiln::nn::Dropout(0.2f), kiln::nn::Flatten(),
-                           kiln::nn::Linear(4 * 4 * 4, 2)};
+  kiln::nn::Sequential net{
+      kiln::nn::Conv2d(1, 4, 3, 1, 1), kiln::nn::BatchNorm2d(4), kiln::nn::ReLU(),
+      kiln::nn::MaxPool2d(2),          kiln::nn::Dropout(0.2f),  kiln::nn::Flatten(),
+      kiln::nn::Linear(4 * 4 * 4, 2)};
   bn = dynamic_cast<kiln::nn::BatchNorm2d*>(&net[1]);
   REQUIRE(bn != nullptr);
   // Class 1 images are bright in the top half, class 0 in the bottom half.
@@ -133,7 +139,8 @@ TEST_CASE("a small CNN with batchnorm and dropout: loss falls, running stats mov
   for (int n = 0; n < 16; ++n) {
     ys[static_cast<std::size_t>(n)] = n % 2;
     for (int i = 0; i < 64; ++i)
-      xs[static_cast<std::size_t>(n * 64 + i)] = rng.uniform(0.0f, 0.3f) + ((i < 32) == (n % 2 == 1) ? 0.7f : 0.0f);
+      xs[static_cast<std::size_t>(n * 64 + i)] =
+          rng.uniform(0.0f, 0.3f) + ((i < 32) == (n % 2 == 1) ? 0.7f : 0.0f);
   }
   kiln::Graph g;
   auto x = g.input("x", {16, 1, 8, 8});
@@ -168,8 +175,8 @@ TEST_CASE("one and two threads compute the same training step") {
   std::vector<float> losses[2];
   for (int threads = 1; threads <= 2; ++threads) {
     kiln::nn::manual_seed(7);
-    kiln::nn::Sequential net{kiln::nn::Conv2d(1, 8, 3), kiln::nn::ReLU(), kiln::nn::MaxPool2d(2), kiln::nn::Flatten(),
-                             kiln::nn::Linear(8 * 13 * 13, 10)};
+    kiln::nn::Sequential net{kiln::nn::Conv2d(1, 8, 3), kiln::nn::ReLU(), kiln::nn::MaxPool2d(2),
+                             kiln::nn::Flatten(), kiln::nn::Linear(8 * 13 * 13, 10)};
     kiln::Graph g;
     auto x = g.input("x", {32, 1, 28, 28});
     auto y = g.input("y", {32}, kiln::i32);
@@ -188,7 +195,8 @@ TEST_CASE("one and two threads compute the same training step") {
       losses[threads - 1].push_back(exe.scalar(loss));
     }
   }
-  for (std::size_t i = 0; i < losses[0].size(); ++i) CHECK(losses[0][i] == doctest::Approx(losses[1][i]).epsilon(1e-4));
+  for (std::size_t i = 0; i < losses[0].size(); ++i)
+    CHECK(losses[0][i] == doctest::Approx(losses[1][i]).epsilon(1e-4));
 }
 
 TEST_CASE("the learning rate can change between runs without recompiling") {

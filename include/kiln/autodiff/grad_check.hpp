@@ -13,7 +13,7 @@
 namespace kiln {
 
 struct GradCheckOptions {
-  float step = 1e-3f;            ///< central difference step h: (f(x+h) - f(x-h)) / 2h
+  float step = 1e-3f; ///< central difference step h: (f(x+h) - f(x-h)) / 2h
   double absolute_tolerance = 2e-3;
   double relative_tolerance = 2e-2;
   int threads = 1;
@@ -21,19 +21,21 @@ struct GradCheckOptions {
 
 struct GradCheckResult {
   bool ok = true;
-  double max_error = 0.0;       ///< max |analytic - numeric| / (atol + rtol·|numeric|); ok iff <= 1
-  std::string worst;            ///< where the largest error was, e.g. "param 1 [17]: 0.52 vs 0.49"
+  double max_error = 0.0; ///< max |analytic - numeric| / (atol + rtol·|numeric|); ok iff <= 1
+  std::string worst;      ///< where the largest error was, e.g. "param 1 [17]: 0.52 vs 0.49"
 };
 
 /// Builds `loss = build(graph, params)` (a one-element value) over the given tensors,
 /// differentiates it, and compares every element of every gradient with a central finite
 /// difference computed by re-running the compiled graph with that element perturbed.
-inline GradCheckResult check_gradients(const std::function<Value(Graph&, const std::vector<Value>&)>& build,
-                                       const std::vector<std::shared_ptr<Tensor>>& tensors,
-                                       const GradCheckOptions& options = {}) {
+inline GradCheckResult
+check_gradients(const std::function<Value(Graph&, const std::vector<Value>&)>& build,
+                const std::vector<std::shared_ptr<Tensor>>& tensors,
+                const GradCheckOptions& options = {}) {
   Graph g;
   std::vector<Value> params;
-  for (std::size_t i = 0; i < tensors.size(); ++i) params.push_back(g.param("p" + std::to_string(i), tensors[i]));
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    params.push_back(g.param("p" + std::to_string(i), tensors[i]));
   const Value loss = build(g, params);
   const std::vector<Value> grads = gradients(loss, params);
   g.mark_output(loss);
@@ -59,12 +61,12 @@ inline GradCheckResult check_gradients(const std::function<Value(Graph&, const s
       data[i] = saved;
       const double numeric = (plus - minus) / (2.0 * static_cast<double>(options.step));
       const double a = analytic[p][i];
-      const double err =
-          std::abs(a - numeric) / (options.absolute_tolerance + options.relative_tolerance * std::abs(numeric));
+      const double err = std::abs(a - numeric) / (options.absolute_tolerance +
+                                                  options.relative_tolerance * std::abs(numeric));
       if (err > result.max_error) {
         result.max_error = err;
-        result.worst = "param " + std::to_string(p) + " [" + std::to_string(i) + "]: analytic " + std::to_string(a) +
-                       " vs numeric " + std::to_string(numeric);
+        result.worst = "param " + std::to_string(p) + " [" + std::to_string(i) + "]: analytic " +
+                       std::to_string(a) + " vs numeric " + std::to_string(numeric);
       }
     }
   }

@@ -18,8 +18,8 @@ inline std::vector<Value> gradients(Value loss, std::span<const Value> wrt) {
   if (!loss.valid()) fail(errc::argument, "gradients: empty loss value");
   Graph& g = *loss.graph;
   if (loss.shape().numel() != 1)
-    fail(errc::shape, "gradients: loss %" + std::to_string(loss.id) + " has shape " + loss.shape().str() +
-                          ", expected one element");
+    fail(errc::shape, "gradients: loss %" + std::to_string(loss.id) + " has shape " +
+                          loss.shape().str() + ", expected one element");
   const auto count = static_cast<std::size_t>(loss.id + 1);
 
   // Forward: which values depend on a wrt value (only those need gradients).
@@ -49,7 +49,8 @@ inline std::vector<Value> gradients(Value loss, std::span<const Value> wrt) {
     if (!any) continue;
     const OpInfo& info = op_info(node.op);
     if (!info.grad)
-      fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(info.name) + " has no gradient");
+      fail(errc::graph,
+           "node %" + std::to_string(id) + " " + std::string(info.name) + " has no gradient");
     info.grad(ctx);
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
       if (!ctx.needs[i] || !ctx.dx[i].valid()) continue;

@@ -24,18 +24,18 @@ private:
 
 /// Stable error codes. Every code here has a test that triggers it.
 namespace errc {
-inline constexpr std::string_view shape = "kiln.verify.shape";       ///< incompatible shapes
-inline constexpr std::string_view dtype = "kiln.verify.dtype";       ///< wrong element type
-inline constexpr std::string_view arity = "kiln.verify.arity";       ///< wrong input count
-inline constexpr std::string_view graph = "kiln.verify.graph";       ///< malformed graph
-inline constexpr std::string_view attr = "kiln.verify.attr";         ///< bad op attribute
-inline constexpr std::string_view argument = "kiln.api.argument";    ///< bad API argument
-inline constexpr std::string_view not_found = "kiln.api.not_found";  ///< unknown name
-inline constexpr std::string_view label = "kiln.data.label";         ///< label out of range
-inline constexpr std::string_view io = "kiln.data.io";               ///< cannot open/read
-inline constexpr std::string_view magic = "kiln.data.magic";         ///< not an IDX file
-inline constexpr std::string_view truncated = "kiln.data.truncated"; ///< file too short
-inline constexpr std::string_view format = "kiln.data.format";       ///< bad header field
+inline constexpr std::string_view shape = "kiln.verify.shape";        ///< incompatible shapes
+inline constexpr std::string_view dtype = "kiln.verify.dtype";        ///< wrong element type
+inline constexpr std::string_view arity = "kiln.verify.arity";        ///< wrong input count
+inline constexpr std::string_view graph = "kiln.verify.graph";        ///< malformed graph
+inline constexpr std::string_view attr = "kiln.verify.attr";          ///< bad op attribute
+inline constexpr std::string_view argument = "kiln.api.argument";     ///< bad API argument
+inline constexpr std::string_view not_found = "kiln.api.not_found";   ///< unknown name
+inline constexpr std::string_view label = "kiln.data.label";          ///< label out of range
+inline constexpr std::string_view io = "kiln.data.io";                ///< cannot open/read
+inline constexpr std::string_view magic = "kiln.data.magic";          ///< not an IDX file
+inline constexpr std::string_view truncated = "kiln.data.truncated";  ///< file too short
+inline constexpr std::string_view format = "kiln.data.format";        ///< bad header field
 inline constexpr std::string_view missing_data = "kiln.data.missing"; ///< no data directory
 } // namespace errc
 

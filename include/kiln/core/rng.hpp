@@ -24,7 +24,9 @@ constexpr float unit_float(std::uint64_t bits) {
 class Rng {
 public:
   explicit Rng(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next_u64() { return mix64(state_++ * 0x2545f4914f6cdd1dULL + 0x632be59bd9b4e019ULL); }
+  std::uint64_t next_u64() {
+    return mix64(state_++ * 0x2545f4914f6cdd1dULL + 0x632be59bd9b4e019ULL);
+  }
   /// Uniform in [lo, hi).
   float uniform(float lo, float hi) { return lo + (hi - lo) * unit_float(next_u64()); }
   /// Uniform integer in [0, n).

@@ -44,7 +44,9 @@ struct Value {
   [[nodiscard]] const Node& node() const;
   [[nodiscard]] const Shape& shape() const { return node().type.shape; }
   [[nodiscard]] DType dtype() const { return node().type.dtype; }
-  friend bool operator==(const Value& a, const Value& b) { return a.graph == b.graph && a.id == b.id; }
+  friend bool operator==(const Value& a, const Value& b) {
+    return a.graph == b.graph && a.id == b.id;
+  }
 };
 
 /// Infers the output type of a node about to be added; throws kiln::Error naming the node.
@@ -93,7 +95,9 @@ public:
     return append_typed(op, std::move(inputs), std::move(attrs), type);
   }
 
-  [[nodiscard]] const Node& node(ValueId id) const { return nodes_.at(static_cast<std::size_t>(id)); }
+  [[nodiscard]] const Node& node(ValueId id) const {
+    return nodes_.at(static_cast<std::size_t>(id));
+  }
   [[nodiscard]] Node& node(ValueId id) { return nodes_.at(static_cast<std::size_t>(id)); }
   [[nodiscard]] const std::vector<Node>& nodes() const { return nodes_; }
   [[nodiscard]] std::vector<Node>& nodes() { return nodes_; }

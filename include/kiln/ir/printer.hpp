@@ -12,7 +12,8 @@ namespace kiln {
 namespace detail {
 inline std::string attr_text(const NoAttrs&) { return ""; }
 inline std::string attr_text(const InputAttrs& a) {
-  return " \"" + a.name + "\"" + (a.label_classes ? " {classes=" + std::to_string(a.label_classes) + "}" : "");
+  return " \"" + a.name + "\"" +
+         (a.label_classes ? " {classes=" + std::to_string(a.label_classes) + "}" : "");
 }
 inline std::string attr_text(const ParamAttrs& a) { return " \"" + a.name + "\""; }
 inline std::string float_text(float v) {
@@ -20,13 +21,16 @@ inline std::string float_text(float v) {
   s << v;
   return s.str();
 }
-inline std::string attr_text(const ScalarAttrs& a) { return " {value=" + float_text(a.value) + "}"; }
+inline std::string attr_text(const ScalarAttrs& a) {
+  return " {value=" + float_text(a.value) + "}";
+}
 inline std::string attr_text(const ShapeAttrs& a) { return " {shape=" + a.shape.str() + "}"; }
 inline std::string attr_text(const FillAttrs& a) {
   return " {value=" + float_text(a.value) + ", shape=" + a.shape.str() + "}";
 }
 inline std::string attr_text(const MatMulAttrs& a) {
-  return std::string(" {") + (a.transpose_a ? "ta" : "a") + ", " + (a.transpose_b ? "tb" : "b") + "}";
+  return std::string(" {") + (a.transpose_a ? "ta" : "a") + ", " + (a.transpose_b ? "tb" : "b") +
+         "}";
 }
 inline std::string attr_text(const Conv2dAttrs& a) {
   return " {stride=" + std::to_string(a.stride_h) + "x" + std::to_string(a.stride_w) +
@@ -42,7 +46,9 @@ inline std::string attr_text(const DropoutAttrs& a) {
 } // namespace detail
 
 /// The type as printed: "f32[64,10]".
-inline std::string type_text(const TensorType& t) { return std::string(dtype_name(t.dtype)) + t.shape.str(); }
+inline std::string type_text(const TensorType& t) {
+  return std::string(dtype_name(t.dtype)) + t.shape.str();
+}
 
 /// One node: "%5 = add(%3, %4) : f32[64,10]".
 inline std::string node_text(const Graph& g, ValueId id) {
@@ -50,7 +56,8 @@ inline std::string node_text(const Graph& g, ValueId id) {
   std::string s = "%" + std::to_string(id) + " = " + std::string(op_name(n.op));
   if (!n.inputs.empty()) {
     s += "(";
-    for (std::size_t i = 0; i < n.inputs.size(); ++i) s += (i ? ", %" : "%") + std::to_string(n.inputs[i]);
+    for (std::size_t i = 0; i < n.inputs.size(); ++i)
+      s += (i ? ", %" : "%") + std::to_string(n.inputs[i]);
     s += ")";
   }
   s += std::visit([](const auto& a) { return detail::attr_text(a); }, n.attrs);

@@ -18,29 +18,32 @@ inline void verify(const Graph& g) {
     const Node& n = g.node(id);
     for (ValueId in : n.inputs) {
       if (in < 0 || in >= id)
-        fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(n.op)) + ": input %" +
-                              std::to_string(in) + " is not defined before it");
+        fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(n.op)) +
+                              ": input %" + std::to_string(in) + " is not defined before it");
       if (assigned[static_cast<std::size_t>(in)] && !(n.op == Op::Assign && in == n.inputs[0]))
         fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(n.op)) +
                               " reads param %" + std::to_string(in) + " after it was assigned");
     }
     if (n.op == Op::Input || n.op == Op::Param) {
-      if (!n.inputs.empty()) fail(errc::arity, "node %" + std::to_string(id) + ": a source has inputs");
+      if (!n.inputs.empty())
+        fail(errc::arity, "node %" + std::to_string(id) + ": a source has inputs");
       continue;
     }
     const TensorType t = infer_type(g, id, n.op, n.inputs, n.attrs);
     if (!(t == n.type))
-      fail(errc::shape, "node %" + std::to_string(id) + " " + std::string(op_name(n.op)) + ": recorded type " +
-                            type_text(n.type) + " but its inputs give " + type_text(t));
+      fail(errc::shape, "node %" + std::to_string(id) + " " + std::string(op_name(n.op)) +
+                            ": recorded type " + type_text(n.type) + " but its inputs give " +
+                            type_text(t));
     if (n.op == Op::Assign) {
       if (assigned[static_cast<std::size_t>(n.inputs[0])])
-        fail(errc::graph, "node %" + std::to_string(id) + ": param %" + std::to_string(n.inputs[0]) +
-                              " is assigned twice");
+        fail(errc::graph, "node %" + std::to_string(id) + ": param %" +
+                              std::to_string(n.inputs[0]) + " is assigned twice");
       assigned[static_cast<std::size_t>(n.inputs[0])] = true;
     }
   }
   for (ValueId o : g.outputs())
-    if (o < 0 || o >= g.size()) fail(errc::graph, "output %" + std::to_string(o) + " does not exist");
+    if (o < 0 || o >= g.size())
+      fail(errc::graph, "output %" + std::to_string(o) + " does not exist");
 }
 
 } // namespace kiln

@@ -16,7 +16,9 @@ class BatchNorm2d : public Module {
 public:
   explicit BatchNorm2d(std::int64_t channels, float eps = 1e-5f, float momentum = 0.1f)
       : channels_(channels), eps_(eps), momentum_(momentum) {
-    if (channels < 1) fail(errc::argument, "BatchNorm2d(" + std::to_string(channels) + "): channels must be positive");
+    if (channels < 1)
+      fail(errc::argument,
+           "BatchNorm2d(" + std::to_string(channels) + "): channels must be positive");
     weight_ = {"weight", constant_tensor(Shape{channels}, 1.0f)};
     bias_ = {"bias", constant_tensor(Shape{channels}, 0.0f)};
     running_mean_ = {"running_mean", constant_tensor(Shape{channels}, 0.0f)};
@@ -26,8 +28,9 @@ public:
   Value forward(Value x) override {
     const Shape& s = x.shape();
     if (s.rank() != 4 || s[1] != channels_)
-      fail(errc::shape, "BatchNorm2d(" + std::to_string(channels_) + "): input %" + std::to_string(x.id) + ":" +
-                            s.str() + " is not [N," + std::to_string(channels_) + ",H,W]");
+      fail(errc::shape, "BatchNorm2d(" + std::to_string(channels_) + "): input %" +
+                            std::to_string(x.id) + ":" + s.str() + " is not [N," +
+                            std::to_string(channels_) + ",H,W]");
     const Shape per_channel{1, channels_, 1, 1};
     const Value gamma = reshape(use(x, weight_), per_channel);
     const Value beta = reshape(use(x, bias_), per_channel);
@@ -46,11 +49,14 @@ public:
     const float unbias = count > 1.0f ? count / (count - 1.0f) : 1.0f;
     const Shape flat{channels_};
     assign(rm, mul_scalar(rm, 1.0f - momentum_) + mul_scalar(reshape(mean_c, flat), momentum_));
-    assign(rv, mul_scalar(rv, 1.0f - momentum_) + mul_scalar(reshape(var_c, flat), momentum_ * unbias));
+    assign(rv,
+           mul_scalar(rv, 1.0f - momentum_) + mul_scalar(reshape(var_c, flat), momentum_ * unbias));
     return y;
   }
 
-  [[nodiscard]] std::vector<Parameter> parameters() const override { return {named(weight_), named(bias_)}; }
+  [[nodiscard]] std::vector<Parameter> parameters() const override {
+    return {named(weight_), named(bias_)};
+  }
   [[nodiscard]] std::vector<Parameter> buffers() const override {
     return {named(running_mean_), named(running_var_)};
   }

@@ -10,12 +10,13 @@ namespace kiln::nn {
 /// y = conv2d(x, weight) + bias, weight OIHW [out, in, k, k], bias [out].
 class Conv2d : public Module {
 public:
-  Conv2d(std::int64_t in_channels, std::int64_t out_channels, int kernel, int stride = 1, int padding = 0,
-         bool bias = true)
+  Conv2d(std::int64_t in_channels, std::int64_t out_channels, int kernel, int stride = 1,
+         int padding = 0, bool bias = true)
       : options_{stride, padding} {
     if (in_channels < 1 || out_channels < 1 || kernel < 1)
-      fail(errc::argument, "Conv2d(" + std::to_string(in_channels) + ", " + std::to_string(out_channels) + ", " +
-                               std::to_string(kernel) + "): sizes must be positive");
+      fail(errc::argument, "Conv2d(" + std::to_string(in_channels) + ", " +
+                               std::to_string(out_channels) + ", " + std::to_string(kernel) +
+                               "): sizes must be positive");
     const float bound = default_init_bound(in_channels * kernel * kernel);
     weight_ = {"weight", uniform_tensor(Shape{out_channels, in_channels, kernel, kernel}, bound)};
     if (bias) bias_ = {"bias", uniform_tensor(Shape{out_channels}, bound)};

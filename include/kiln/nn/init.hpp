@@ -28,7 +28,9 @@ inline std::shared_ptr<Tensor> uniform_tensor(Shape shape, float bound) {
 
 /// PyTorch's default for Conv2d and Linear weights and biases: kaiming_uniform with
 /// a = sqrt(5) gives the bound 1/sqrt(fan_in), and the bias uses the same bound.
-inline float default_init_bound(std::int64_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); }
+inline float default_init_bound(std::int64_t fan_in) {
+  return 1.0f / std::sqrt(static_cast<float>(fan_in));
+}
 
 /// A tensor filled with `value`.
 inline std::shared_ptr<Tensor> constant_tensor(Shape shape, float value) {

@@ -12,8 +12,8 @@ class Linear : public Module {
 public:
   Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true) {
     if (in_features < 1 || out_features < 1)
-      fail(errc::argument, "Linear(" + std::to_string(in_features) + ", " + std::to_string(out_features) +
-                               "): sizes must be positive");
+      fail(errc::argument, "Linear(" + std::to_string(in_features) + ", " +
+                               std::to_string(out_features) + "): sizes must be positive");
     const float bound = default_init_bound(in_features);
     weight_ = {"weight", uniform_tensor(Shape{out_features, in_features}, bound)};
     if (bias) bias_ = {"bias", uniform_tensor(Shape{out_features}, bound)};

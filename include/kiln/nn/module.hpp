@@ -46,7 +46,9 @@ protected:
   /// A parameter of this module, named with the module's prefix.
   [[nodiscard]] Parameter named(const Parameter& p) const { return {prefix_ + p.name, p.tensor}; }
   /// The graph node of a parameter of this module.
-  [[nodiscard]] Value use(Value x, const Parameter& p) const { return x.graph->param(prefix_ + p.name, p.tensor); }
+  [[nodiscard]] Value use(Value x, const Parameter& p) const {
+    return x.graph->param(prefix_ + p.name, p.tensor);
+  }
 
   bool training_ = true;
   std::string prefix_;

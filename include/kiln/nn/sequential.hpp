@@ -16,8 +16,8 @@ class Sequential : public Module {
 public:
   Sequential() = default;
   template <class... Layers>
-    requires(sizeof...(Layers) > 0 && (std::derived_from<std::decay_t<Layers>, Module> && ...))
-  explicit Sequential(Layers&&... layers) {
+  requires(sizeof...(Layers) > 0 && (std::derived_from<std::decay_t<Layers>, Module> &&
+                                     ...)) explicit Sequential(Layers&&... layers) {
     (layers_.push_back(std::make_shared<std::decay_t<Layers>>(std::forward<Layers>(layers))), ...);
     set_name_prefix("");
   }
@@ -35,12 +35,17 @@ public:
     return x;
   }
 
-  [[nodiscard]] std::vector<Parameter> parameters() const override { return collect(&Module::parameters); }
-  [[nodiscard]] std::vector<Parameter> buffers() const override { return collect(&Module::buffers); }
+  [[nodiscard]] std::vector<Parameter> parameters() const override {
+    return collect(&Module::parameters);
+  }
+  [[nodiscard]] std::vector<Parameter> buffers() const override {
+    return collect(&Module::buffers);
+  }
 
   void set_name_prefix(const std::string& prefix) override {
     prefix_ = prefix;
-    for (std::size_t i = 0; i < layers_.size(); ++i) layers_[i]->set_name_prefix(prefix + std::to_string(i) + ".");
+    for (std::size_t i = 0; i < layers_.size(); ++i)
+      layers_[i]->set_name_prefix(prefix + std::to_string(i) + ".");
   }
 
   void train(bool on = true) override {

@@ -15,7 +15,8 @@ public:
 /// Max pooling; stride defaults to the kernel size.
 class MaxPool2d : public Module {
 public:
-  explicit MaxPool2d(int kernel, int stride = 0, int padding = 0) : options_{kernel, stride, padding} {}
+  explicit MaxPool2d(int kernel, int stride = 0, int padding = 0)
+      : options_{kernel, stride, padding} {}
   Value forward(Value x) override { return max_pool2d(x, options_); }
 
 private:
@@ -25,7 +26,8 @@ private:
 /// Average pooling; stride defaults to the kernel size.
 class AvgPool2d : public Module {
 public:
-  explicit AvgPool2d(int kernel, int stride = 0, int padding = 0) : options_{kernel, stride, padding} {}
+  explicit AvgPool2d(int kernel, int stride = 0, int padding = 0)
+      : options_{kernel, stride, padding} {}
   Value forward(Value x) override { return avg_pool2d(x, options_); }
 
 private:
@@ -50,7 +52,8 @@ public:
 class Dropout : public Module {
 public:
   explicit Dropout(float p = 0.5f) : p_(p), seed_(default_generator().next_u64()) {
-    if (!(p >= 0.0f && p < 1.0f)) fail(errc::argument, "Dropout(" + std::to_string(p) + "): p must be in [0, 1)");
+    if (!(p >= 0.0f && p < 1.0f))
+      fail(errc::argument, "Dropout(" + std::to_string(p) + "): p must be in [0, 1)");
   }
   Value forward(Value x) override {
     if (!training_ || p_ == 0.0f) return x;

@@ -31,9 +31,12 @@ template <> struct OpDef<Op::Conv2d> : OpDefaults {
     if (x[1] != w[1])
       c.fail(errc::shape, "input has " + std::to_string(x[1]) + " channels, weight expects " +
                               std::to_string(w[1]));
-    const std::int64_t oh = detail::conv_out_size(x[2], static_cast<int>(w[2]), a.stride_h, a.pad_h);
-    const std::int64_t ow = detail::conv_out_size(x[3], static_cast<int>(w[3]), a.stride_w, a.pad_w);
-    if (oh < 1 || ow < 1) c.fail(errc::shape, "kernel " + w.str() + " is larger than the padded input");
+    const std::int64_t oh =
+        detail::conv_out_size(x[2], static_cast<int>(w[2]), a.stride_h, a.pad_h);
+    const std::int64_t ow =
+        detail::conv_out_size(x[3], static_cast<int>(w[3]), a.stride_w, a.pad_w);
+    if (oh < 1 || ow < 1)
+      c.fail(errc::shape, "kernel " + w.str() + " is larger than the padded input");
     return TensorType{Shape{x[0], w[0], oh, ow}, DType::f32};
   }
   static void grad(GradContext& c) {

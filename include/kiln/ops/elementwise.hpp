@@ -20,7 +20,8 @@ inline TensorType infer_binary_broadcast(const InferContext& c) {
   c.expect_dtype(0, DType::f32);
   c.expect_dtype(1, DType::f32);
   const auto shape = broadcast_shapes(c.in(0).shape, c.in(1).shape);
-  if (!shape) c.fail(errc::shape, c.in(0).shape.str() + " vs " + c.in(1).shape.str() + " do not broadcast");
+  if (!shape)
+    c.fail(errc::shape, c.in(0).shape.str() + " vs " + c.in(1).shape.str() + " do not broadcast");
   return TensorType{*shape, DType::f32};
 }
 
@@ -99,7 +100,9 @@ template <> struct OpDef<Op::ReluGrad> : OpDefaults {
       c.fail(errc::shape, c.in(0).shape.str() + " vs " + c.in(1).shape.str());
     return c.in(1);
   }
-  template <class M, class V> static V apply(const M& m, V y, V dy, V) { return m.where_positive(y, dy); }
+  template <class M, class V> static V apply(const M& m, V y, V dy, V) {
+    return m.where_positive(y, dy);
+  }
   static void grad(GradContext& c) {
     if (c.wants(1)) c.dx[1] = relu_grad(c.in(0), c.dy);
   }
@@ -123,7 +126,9 @@ template <> struct OpDef<Op::Sqrt> : UnaryElementwise {
 template <> struct OpDef<Op::Rsqrt> : UnaryElementwise {
   template <class M, class V> static V apply(const M& m, V a, V, V) { return m.rsqrt(a); }
   // d(x^-1/2)/dx = -1/2 x^-3/2 = -1/2 y^3
-  static void grad(GradContext& c) { c.dx[0] = mul_scalar(c.dy * (c.out() * square(c.out())), -0.5f); }
+  static void grad(GradContext& c) {
+    c.dx[0] = mul_scalar(c.dy * (c.out() * square(c.out())), -0.5f);
+  }
 };
 
 template <> struct OpDef<Op::Square> : UnaryElementwise {
@@ -199,8 +204,12 @@ inline Value log(Value x) { return detail::append(Op::Log, {x}); }
 inline Value sqrt(Value x) { return detail::append(Op::Sqrt, {x}); }
 inline Value rsqrt(Value x) { return detail::append(Op::Rsqrt, {x}); }
 inline Value square(Value x) { return detail::append(Op::Square, {x}); }
-inline Value mul_scalar(Value x, float s) { return detail::append(Op::MulScalar, {x}, ScalarAttrs{s}); }
-inline Value add_scalar(Value x, float s) { return detail::append(Op::AddScalar, {x}, ScalarAttrs{s}); }
+inline Value mul_scalar(Value x, float s) {
+  return detail::append(Op::MulScalar, {x}, ScalarAttrs{s});
+}
+inline Value add_scalar(Value x, float s) {
+  return detail::append(Op::AddScalar, {x}, ScalarAttrs{s});
+}
 inline Value broadcast_to(Value x, Shape shape) {
   if (x.shape() == shape) return x;
   return detail::append(Op::BroadcastTo, {x}, ShapeAttrs{shape});

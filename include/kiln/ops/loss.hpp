@@ -52,7 +52,9 @@ template <> struct OpDef<Op::SoftmaxCrossEntropyGrad> : OpDefaults {
 };
 
 inline Value log_softmax(Value x) { return x.graph->append(Op::LogSoftmax, {x.id}); }
-inline Value log_softmax_grad(Value y, Value dy) { return y.graph->append(Op::LogSoftmaxGrad, {y.id, dy.id}); }
+inline Value log_softmax_grad(Value y, Value dy) {
+  return y.graph->append(Op::LogSoftmaxGrad, {y.id, dy.id});
+}
 
 /// The mean cross-entropy of softmax(logits) against integer class labels. When `labels`
 /// is a graph input, the executor checks every fed label lies in [0, K).

@@ -22,7 +22,8 @@ template <> struct OpDef<Op::MatMul> : OpDefaults {
     const std::int64_t kb = a.transpose_b ? sb[1] : sb[0];
     const std::int64_t n = a.transpose_b ? sb[0] : sb[1];
     if (ka != kb)
-      c.fail(errc::shape, "inner dimensions differ: " + std::to_string(ka) + " vs " + std::to_string(kb));
+      c.fail(errc::shape,
+             "inner dimensions differ: " + std::to_string(ka) + " vs " + std::to_string(kb));
     return TensorType{Shape{m, n}, DType::f32};
   }
   static void grad(GradContext& c) {
@@ -30,12 +31,16 @@ template <> struct OpDef<Op::MatMul> : OpDefaults {
     const Value A = c.in(0), B = c.in(1), dC = c.dy;
     // C = op(A) op(B); each case writes the gradient in the stored layout of A and B.
     if (c.wants(0)) {
-      if (!a.transpose_a) c.dx[0] = a.transpose_b ? matmul(dC, B) : matmul(dC, B, false, true);
-      else c.dx[0] = a.transpose_b ? matmul(B, dC, true, true) : matmul(B, dC, false, true);
+      if (!a.transpose_a)
+        c.dx[0] = a.transpose_b ? matmul(dC, B) : matmul(dC, B, false, true);
+      else
+        c.dx[0] = a.transpose_b ? matmul(B, dC, true, true) : matmul(B, dC, false, true);
     }
     if (c.wants(1)) {
-      if (!a.transpose_b) c.dx[1] = a.transpose_a ? matmul(A, dC) : matmul(A, dC, true, false);
-      else c.dx[1] = a.transpose_a ? matmul(dC, A, true, true) : matmul(dC, A, true, false);
+      if (!a.transpose_b)
+        c.dx[1] = a.transpose_a ? matmul(A, dC) : matmul(A, dC, true, false);
+      else
+        c.dx[1] = a.transpose_a ? matmul(dC, A, true, true) : matmul(dC, A, true, false);
     }
   }
 };

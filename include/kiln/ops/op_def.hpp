@@ -48,13 +48,15 @@ struct InferContext {
 
   void expect_dtype(int i, DType t) const {
     if (in(i).dtype != t)
-      fail(errc::dtype, "input " + std::to_string(i) + " is " + std::string(dtype_name(in(i).dtype)) +
-                            ", expected " + std::string(dtype_name(t)));
+      fail(errc::dtype, "input " + std::to_string(i) + " is " +
+                            std::string(dtype_name(in(i).dtype)) + ", expected " +
+                            std::string(dtype_name(t)));
   }
   void expect_rank(int i, int rank) const {
     if (in(i).shape.rank() != rank)
-      fail(errc::shape, "input " + std::to_string(i) + " has rank " + std::to_string(in(i).shape.rank()) +
-                            ", expected " + std::to_string(rank));
+      fail(errc::shape, "input " + std::to_string(i) + " has rank " +
+                            std::to_string(in(i).shape.rank()) + ", expected " +
+                            std::to_string(rank));
   }
 };
 
@@ -68,7 +70,9 @@ struct GradContext {
   std::array<bool, 4> needs{};
   std::array<Value, 4> dx{};
 
-  [[nodiscard]] Value in(int i) const { return Value{&graph, node.inputs[static_cast<std::size_t>(i)]}; }
+  [[nodiscard]] Value in(int i) const {
+    return Value{&graph, node.inputs[static_cast<std::size_t>(i)]};
+  }
   [[nodiscard]] Value out() const { return Value{&graph, id}; }
   [[nodiscard]] bool wants(int i) const { return needs[static_cast<std::size_t>(i)]; }
   template <class A> [[nodiscard]] const A& attr() const { return std::get<A>(node.attrs); }

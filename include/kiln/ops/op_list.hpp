@@ -80,6 +80,13 @@ constexpr std::string_view op_name(Op op) {
 constexpr std::size_t op_index(Op op) { return static_cast<std::size_t>(op); }
 
 /// Fusion kinds in TVM's order: a producer of a lower kind can be folded into a consumer.
-enum class FusionKind : std::uint8_t { elementwise, broadcast, injective, reduction, anchor, opaque };
+enum class FusionKind : std::uint8_t {
+  elementwise,
+  broadcast,
+  injective,
+  reduction,
+  anchor,
+  opaque
+};
 
 } // namespace kiln

@@ -16,7 +16,8 @@ inline TensorType infer_pool(const InferContext& c) {
   const Shape& x = c.in(0).shape;
   const std::int64_t oh = (x[2] + 2 * a.padding - a.kernel) / a.stride + 1;
   const std::int64_t ow = (x[3] + 2 * a.padding - a.kernel) / a.stride + 1;
-  if (oh < 1 || ow < 1) c.fail(errc::shape, "window " + std::to_string(a.kernel) + " is larger than the input");
+  if (oh < 1 || ow < 1)
+    c.fail(errc::shape, "window " + std::to_string(a.kernel) + " is larger than the input");
   return TensorType{Shape{x[0], x[1], oh, ow}, DType::f32};
 }
 inline Pool2dAttrs pool_attrs(Value x, Pool2dOptions o) {
@@ -33,7 +34,9 @@ template <> struct OpDef<Op::MaxPool2d> : OpDefaults {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::reduction;
   static TensorType infer(const InferContext& c) { return detail::infer_pool(c); }
-  static void grad(GradContext& c) { c.dx[0] = max_pool2d_grad(c.in(0), c.dy, c.attr<Pool2dAttrs>()); }
+  static void grad(GradContext& c) {
+    c.dx[0] = max_pool2d_grad(c.in(0), c.dy, c.attr<Pool2dAttrs>());
+  }
 };
 
 /// dx = max_pool2d_grad(x, dy): dy routed to the first maximum of each window.
@@ -60,7 +63,10 @@ template <> struct OpDef<Op::AvgPool2dGrad> : OpDefaults {
     const Shape& dy = c.in(0).shape;
     return TensorType{Shape{dy[0], dy[1], a.input_h, a.input_w}, DType::f32};
   }
-  static void grad(GradContext& c) { c.dx[0] = avg_pool2d(c.dy, {c.attr<Pool2dAttrs>().kernel, c.attr<Pool2dAttrs>().stride, c.attr<Pool2dAttrs>().padding}); }
+  static void grad(GradContext& c) {
+    c.dx[0] = avg_pool2d(c.dy, {c.attr<Pool2dAttrs>().kernel, c.attr<Pool2dAttrs>().stride,
+                                c.attr<Pool2dAttrs>().padding});
+  }
 };
 
 inline Value max_pool2d(Value x, Pool2dOptions options) {
@@ -80,7 +86,8 @@ inline Value avg_pool2d_grad(Value dy, const Pool2dAttrs& attrs) {
 inline Value global_avg_pool2d(Value x) {
   const Shape& s = x.shape();
   if (s.rank() != 4)
-    fail(errc::shape, "global_avg_pool2d: %" + std::to_string(x.id) + ":" + s.str() + " is not NCHW");
+    fail(errc::shape,
+         "global_avg_pool2d: %" + std::to_string(x.id) + ":" + s.str() + " is not NCHW");
   const Value summed = sum_to(x, Shape{s[0], s[1], 1, 1});
   return reshape(mul_scalar(summed, 1.0f / static_cast<float>(s[2] * s[3])), Shape{s[0], s[1]});
 }

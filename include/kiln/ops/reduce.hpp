@@ -28,8 +28,8 @@ inline Value sum_to(Value x, Shape shape) {
   if (x.shape() == shape) return x;
   const Shape& from = x.shape();
   if (!broadcasts_to(shape, from))
-    fail(errc::shape, "sum_to: %" + std::to_string(x.id) + ":" + from.str() + " cannot be summed to " +
-                          shape.str());
+    fail(errc::shape, "sum_to: %" + std::to_string(x.id) + ":" + from.str() +
+                          " cannot be summed to " + shape.str());
   const Value summed = x.graph->append(Op::SumTo, {x.id}, ShapeAttrs{pad_rank(shape, from.rank())});
   return reshape(summed, shape);
 }
@@ -42,6 +42,8 @@ inline Value sum(Value x) {
 }
 
 /// Mean of all elements, as a scalar (rank 0).
-inline Value mean(Value x) { return mul_scalar(sum(x), 1.0f / static_cast<float>(x.shape().numel())); }
+inline Value mean(Value x) {
+  return mul_scalar(sum(x), 1.0f / static_cast<float>(x.shape().numel()));
+}
 
 } // namespace kiln

@@ -43,12 +43,13 @@ inline const OpInfo& op_info(Op op) {
   return table[op_index(op)];
 }
 
-inline TensorType infer_type(const Graph& graph, ValueId id, Op op, const std::vector<ValueId>& inputs,
-                             const Attrs& attrs) {
+inline TensorType infer_type(const Graph& graph, ValueId id, Op op,
+                             const std::vector<ValueId>& inputs, const Attrs& attrs) {
   const InferContext ctx{graph, id, op, inputs, attrs};
   const OpInfo& info = op_info(op);
   if (ctx.arity() != info.arity)
-    ctx.fail(errc::arity, "takes " + std::to_string(info.arity) + " inputs, got " + std::to_string(ctx.arity()));
+    ctx.fail(errc::arity,
+             "takes " + std::to_string(info.arity) + " inputs, got " + std::to_string(ctx.arity()));
   return info.infer(ctx);
 }
 

@@ -14,16 +14,22 @@ struct SourceOp : OpDefaults {
 
 /// Inputs and params are typed when created (Graph::input, Graph::param).
 template <> struct OpDef<Op::Input> : SourceOp {
-  static TensorType infer(const InferContext& c) { c.fail(errc::graph, "use Graph::input to add an input"); }
+  static TensorType infer(const InferContext& c) {
+    c.fail(errc::graph, "use Graph::input to add an input");
+  }
 };
 
 template <> struct OpDef<Op::Param> : SourceOp {
-  static TensorType infer(const InferContext& c) { c.fail(errc::graph, "use Graph::param to add a param"); }
+  static TensorType infer(const InferContext& c) {
+    c.fail(errc::graph, "use Graph::param to add a param");
+  }
 };
 
 template <> struct OpDef<Op::Fill> : SourceOp {
   static constexpr FusionKind kind = FusionKind::injective;
-  static TensorType infer(const InferContext& c) { return TensorType{c.attr<FillAttrs>().shape, DType::f32}; }
+  static TensorType infer(const InferContext& c) {
+    return TensorType{c.attr<FillAttrs>().shape, DType::f32};
+  }
 };
 
 /// assign(target, value): at this point of the step, the param `target` takes `value`.
@@ -32,7 +38,8 @@ template <> struct OpDef<Op::Assign> : OpDefaults {
   static constexpr int arity = 2;
   static constexpr FusionKind kind = FusionKind::opaque;
   static TensorType infer(const InferContext& c) {
-    if (c.graph.node(c.inputs[0]).op != Op::Param) c.fail(errc::graph, "assign target must be a param");
+    if (c.graph.node(c.inputs[0]).op != Op::Param)
+      c.fail(errc::graph, "assign target must be a param");
     if (!(c.in(0) == c.in(1)))
       c.fail(errc::shape, c.in(0).shape.str() + " vs " + c.in(1).shape.str());
     return c.in(0);

@@ -36,7 +36,8 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& node = g.node(id);
     const bool aliases = op_info(node.op).is_view || node.op == Op::Assign;
-    root[static_cast<std::size_t>(id)] = aliases ? root[static_cast<std::size_t>(node.inputs[0])] : id;
+    root[static_cast<std::size_t>(id)] =
+        aliases ? root[static_cast<std::size_t>(node.inputs[0])] : id;
   }
 
   // Step index of each computing node, and the live range of each arena root.
@@ -66,7 +67,8 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
         last[ir] = std::max(last[ir], use);
       }
   }
-  for (ValueId o : g.outputs()) last[static_cast<std::size_t>(root[static_cast<std::size_t>(o)])] = end;
+  for (ValueId o : g.outputs())
+    last[static_cast<std::size_t>(root[static_cast<std::size_t>(o)])] = end;
 
   // Arena placement of every root that is not a param.
   std::vector<BufferRequest> requests;
@@ -74,8 +76,10 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& node = g.node(id);
     if (root[static_cast<std::size_t>(id)] != id || node.op == Op::Param) continue;
-    const auto bytes = static_cast<std::size_t>(node.type.shape.numel()) * dtype_size(node.type.dtype);
-    requests.push_back({bytes, first[static_cast<std::size_t>(id)], last[static_cast<std::size_t>(id)]});
+    const auto bytes =
+        static_cast<std::size_t>(node.type.shape.numel()) * dtype_size(node.type.dtype);
+    requests.push_back(
+        {bytes, first[static_cast<std::size_t>(id)], last[static_cast<std::size_t>(id)]});
     request_root.push_back(id);
   }
   plan.memory = plan_memory(requests);
@@ -118,8 +122,11 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
     KernelArgs shapes;
     shapes.num_inputs = step.num_inputs;
     for (int i = 0; i < step.num_inputs; ++i) {
-      step.inputs[static_cast<std::size_t>(i)] = plan.values[static_cast<std::size_t>(node.inputs[static_cast<std::size_t>(i)])];
-      shapes.in[static_cast<std::size_t>(i)] = TensorView{nullptr, step.inputs[static_cast<std::size_t>(i)].shape, step.inputs[static_cast<std::size_t>(i)].dtype};
+      step.inputs[static_cast<std::size_t>(i)] =
+          plan.values[static_cast<std::size_t>(node.inputs[static_cast<std::size_t>(i)])];
+      shapes.in[static_cast<std::size_t>(i)] =
+          TensorView{nullptr, step.inputs[static_cast<std::size_t>(i)].shape,
+                     step.inputs[static_cast<std::size_t>(i)].dtype};
     }
     step.output = plan.values[static_cast<std::size_t>(id)];
     step.attrs = node.attrs;

@@ -29,7 +29,9 @@ struct MemoryPlan {
 
 inline constexpr std::size_t buffer_alignment = 64;
 
-inline std::size_t align_up(std::size_t n, std::size_t a = buffer_alignment) { return (n + a - 1) / a * a; }
+inline std::size_t align_up(std::size_t n, std::size_t a = buffer_alignment) {
+  return (n + a - 1) / a * a;
+}
 
 inline bool lifetimes_overlap(const BufferRequest& a, const BufferRequest& b) {
   return a.first_step <= b.last_step && b.first_step <= a.last_step;
@@ -42,8 +44,9 @@ inline MemoryPlan plan_memory(std::span<const BufferRequest> requests) {
   plan.offsets.assign(requests.size(), 0);
   std::vector<std::size_t> order(requests.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return requests[a].bytes > requests[b].bytes; });
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return requests[a].bytes > requests[b].bytes;
+  });
   std::vector<std::size_t> placed;
   for (std::size_t i : order) {
     const std::size_t size = align_up(requests[i].bytes);
@@ -67,11 +70,12 @@ inline MemoryPlan plan_memory(std::span<const BufferRequest> requests) {
 }
 
 /// The first pair of requests that are alive at the same time and overlap in memory, if any.
-inline std::optional<std::pair<std::size_t, std::size_t>> find_overlap(std::span<const BufferRequest> requests,
-                                                                       const MemoryPlan& plan) {
+inline std::optional<std::pair<std::size_t, std::size_t>>
+find_overlap(std::span<const BufferRequest> requests, const MemoryPlan& plan) {
   for (std::size_t i = 0; i < requests.size(); ++i)
     for (std::size_t j = i + 1; j < requests.size(); ++j) {
-      if (!lifetimes_overlap(requests[i], requests[j]) || requests[i].bytes == 0 || requests[j].bytes == 0)
+      if (!lifetimes_overlap(requests[i], requests[j]) || requests[i].bytes == 0 ||
+          requests[j].bytes == 0)
         continue;
       const std::size_t a0 = plan.offsets[i], a1 = a0 + requests[i].bytes;
       const std::size_t b0 = plan.offsets[j], b1 = b0 + requests[j].bytes;

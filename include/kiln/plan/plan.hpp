@@ -48,11 +48,11 @@ struct PlanInput {
 struct Plan {
   std::vector<PlanStep> steps;
   std::vector<PlanInput> inputs;
-  std::vector<BufferRef> values;    ///< where each graph value lives, indexed by ValueId
+  std::vector<BufferRef> values; ///< where each graph value lives, indexed by ValueId
   std::vector<ValueId> outputs;
   std::vector<std::shared_ptr<Tensor>> params; ///< kept alive while the plan exists
-  std::vector<BufferRequest> buffers; ///< every arena buffer with its lifetime in steps
-  MemoryPlan memory;                  ///< their offsets, the arena size, the unshared total
+  std::vector<BufferRequest> buffers;          ///< every arena buffer with its lifetime in steps
+  MemoryPlan memory; ///< their offsets, the arena size, the unshared total
   std::size_t workspace_per_thread = 0;
   int threads = 1;
   std::string backend;

@@ -16,7 +16,8 @@ struct CompileOptions {
 };
 
 /// Verifies, lowers and prepares `graph` to run on `backend` (default: the CPU).
-inline Executor compile(const Graph& graph, const Backend& backend, const CompileOptions& options = {}) {
+inline Executor compile(const Graph& graph, const Backend& backend,
+                        const CompileOptions& options = {}) {
   Executor exe(lower(graph, backend, LowerOptions{options.threads}));
   exe.set_profiling(options.profile);
   return exe;

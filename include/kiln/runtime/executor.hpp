@@ -26,13 +26,15 @@ class Executor {
 public:
   explicit Executor(Plan plan)
       : plan_(std::move(plan)), arena_(detail::aligned_zeroed(plan_.memory.arena_bytes)),
-        workspace_(detail::aligned_zeroed(plan_.workspace_per_thread * static_cast<std::size_t>(plan_.threads))),
+        workspace_(detail::aligned_zeroed(plan_.workspace_per_thread *
+                                          static_cast<std::size_t>(plan_.threads))),
         threads_(std::make_unique<tbb::task_arena>(plan_.threads)) {
     args_.reserve(plan_.steps.size());
     for (const PlanStep& s : plan_.steps) {
       KernelArgs a;
       a.num_inputs = s.num_inputs;
-      for (int i = 0; i < s.num_inputs; ++i) a.in[static_cast<std::size_t>(i)] = view(s.inputs[static_cast<std::size_t>(i)]);
+      for (int i = 0; i < s.num_inputs; ++i)
+        a.in[static_cast<std::size_t>(i)] = view(s.inputs[static_cast<std::size_t>(i)]);
       a.out = view(s.output);
       a.attrs = &s.attrs;
       a.workspace = workspace_.get();
@@ -54,8 +56,9 @@ public:
     if (in.label_classes > 0)
       for (std::size_t i = 0; i < data.size(); ++i)
         if (data[i] < 0 || data[i] >= in.label_classes)
-          fail(errc::label, "input '" + name + "': label " + std::to_string(data[i]) + " at index " +
-                                std::to_string(i) + " is outside [0, " + std::to_string(in.label_classes) + ")");
+          fail(errc::label, "input '" + name + "': label " + std::to_string(data[i]) +
+                                " at index " + std::to_string(i) + " is outside [0, " +
+                                std::to_string(in.label_classes) + ")");
     std::memcpy(view(in.buffer).data, data.data(), data.size_bytes());
   }
 
@@ -67,7 +70,8 @@ public:
           args_[i].run_counter = runs_;
           const auto t0 = std::chrono::steady_clock::now();
           plan_.steps[i].kernel(args_[i]);
-          step_seconds_[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          step_seconds_[i] +=
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         }
       } else {
         for (std::size_t i = 0; i < args_.size(); ++i) {
@@ -87,8 +91,10 @@ public:
     for (ValueId o : plan_.outputs) kept = kept || o == id;
     const BufferRef& b = plan_.values[static_cast<std::size_t>(id)];
     if (!kept && b.storage != BufferRef::Storage::param)
-      fail(errc::not_found, "output: value %" + std::to_string(id) + " is not marked as a graph output");
-    if (b.dtype != DType::f32) fail(errc::dtype, "output: value %" + std::to_string(id) + " is not f32");
+      fail(errc::not_found,
+           "output: value %" + std::to_string(id) + " is not marked as a graph output");
+    if (b.dtype != DType::f32)
+      fail(errc::dtype, "output: value %" + std::to_string(id) + " is not f32");
     return {view(b).f32(), static_cast<std::size_t>(b.shape.numel())};
   }
   [[nodiscard]] std::span<const float> output(Value v) const { return output(v.id); }
@@ -109,8 +115,9 @@ public:
 
 private:
   [[nodiscard]] TensorView view(const BufferRef& b) const {
-    void* data = b.storage == BufferRef::Storage::param ? b.tensor->data()
-                                                        : static_cast<void*>(arena_.get() + b.offset);
+    void* data = b.storage == BufferRef::Storage::param
+                     ? b.tensor->data()
+                     : static_cast<void*>(arena_.get() + b.offset);
     return TensorView{data, b.shape, b.dtype};
   }
 
@@ -118,8 +125,8 @@ private:
     for (const PlanInput& in : plan_.inputs) {
       if (in.name != name) continue;
       if (in.buffer.dtype != dtype)
-        fail(errc::dtype, "input '" + name + "' is " + std::string(dtype_name(in.buffer.dtype)) + ", fed " +
-                              std::string(dtype_name(dtype)));
+        fail(errc::dtype, "input '" + name + "' is " + std::string(dtype_name(in.buffer.dtype)) +
+                              ", fed " + std::string(dtype_name(dtype)));
       if (static_cast<std::int64_t>(count) != in.buffer.shape.numel())
         fail(errc::shape, "input '" + name + "' has shape " + in.buffer.shape.str() + " (" +
                               std::to_string(in.buffer.shape.numel()) + " elements), fed " +

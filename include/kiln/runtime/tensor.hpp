@@ -35,7 +35,8 @@ public:
   /// A zero-filled tensor.
   explicit Tensor(Shape shape, DType dtype = DType::f32)
       : shape_(shape), dtype_(dtype),
-        storage_(detail::aligned_zeroed(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype))) {}
+        storage_(
+            detail::aligned_zeroed(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype))) {}
 
   [[nodiscard]] const Shape& shape() const { return shape_; }
   [[nodiscard]] DType dtype() const { return dtype_; }

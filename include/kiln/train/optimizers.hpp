@@ -46,7 +46,8 @@ struct SGD {
 
   /// Appends the update of every parameter; optimizer state tensors go to `state`.
   [[nodiscard]] std::vector<Update> append(Graph& g, const std::vector<nn::Parameter>& params,
-                                           const std::vector<Value>& grads, OptimizerState& state) const {
+                                           const std::vector<Value>& grads,
+                                           OptimizerState& state) const {
     if (!(lr > 0.0f) || momentum < 0.0f || weight_decay < 0.0f)
       fail(errc::argument, "SGD: lr must be > 0, momentum and weight_decay >= 0");
     const Value rate = state.learning_rate_node(g, lr);
@@ -56,7 +57,8 @@ struct SGD {
       Value step = grads[i];
       if (weight_decay != 0.0f) step = step + mul_scalar(w, weight_decay);
       if (momentum != 0.0f) {
-        nn::Parameter velocity{params[i].name + ".momentum", std::make_shared<Tensor>(params[i].tensor->shape())};
+        nn::Parameter velocity{params[i].name + ".momentum",
+                               std::make_shared<Tensor>(params[i].tensor->shape())};
         const Value v = g.param(velocity.name, velocity.tensor);
         step = mul_scalar(v, momentum) + step;
         updates.push_back({v, step});
@@ -69,7 +71,8 @@ struct SGD {
 };
 
 /// Adam (Kingma & Ba), PyTorch's formulation with L2 weight decay:
-///   m = b1·m + (1-b1)·g;  v = b2·v + (1-b2)·g²;  w = w - lr·(m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
+///   m = b1·m + (1-b1)·g;  v = b2·v + (1-b2)·g²;  w = w - lr·(m/(1-b1^t)) / (sqrt(v/(1-b2^t)) +
+///   eps)
 struct Adam {
   float lr = 1e-3f;
   float beta1 = 0.9f;
@@ -78,8 +81,10 @@ struct Adam {
   float weight_decay = 0.0f;
 
   [[nodiscard]] std::vector<Update> append(Graph& g, const std::vector<nn::Parameter>& params,
-                                           const std::vector<Value>& grads, OptimizerState& state) const {
-    if (!(lr > 0.0f) || !(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f) || !(eps > 0.0f))
+                                           const std::vector<Value>& grads,
+                                           OptimizerState& state) const {
+    if (!(lr > 0.0f) || !(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f) ||
+        !(eps > 0.0f))
       fail(errc::argument, "Adam: needs lr > 0, betas in [0, 1), eps > 0");
     const Value rate = state.learning_rate_node(g, lr);
     std::vector<Update> updates;

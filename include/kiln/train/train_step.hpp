@@ -13,12 +13,13 @@ namespace kiln {
 /// What train_step added to the graph.
 struct TrainStep {
   Value loss;
-  std::vector<Value> gradients;  ///< one per parameter, in order
+  std::vector<Value> gradients;    ///< one per parameter, in order
   optim::OptimizerState optimizer; ///< learning rate, momentum buffers, Adam moments, step counter
 
   /// Sets the learning rate the compiled step uses from its next run on (for schedules).
   void set_learning_rate(float lr) const {
-    if (!(lr > 0.0f)) fail(errc::argument, "set_learning_rate: lr must be > 0, got " + std::to_string(lr));
+    if (!(lr > 0.0f))
+      fail(errc::argument, "set_learning_rate: lr must be > 0, got " + std::to_string(lr));
     optimizer.learning_rate->f32()[0] = lr;
   }
   [[nodiscard]] float learning_rate() const { return optimizer.learning_rate->f32()[0]; }
@@ -28,7 +29,8 @@ struct TrainStep {
 /// and the assignments that write the new values back, and marks the loss as an output.
 /// Compile the graph afterwards: each run is then forward + backward + update.
 template <class Optimizer>
-TrainStep train_step(Value loss, const std::vector<nn::Parameter>& params, const Optimizer& optimizer) {
+TrainStep train_step(Value loss, const std::vector<nn::Parameter>& params,
+                     const Optimizer& optimizer) {
   if (!loss.valid()) fail(errc::argument, "train_step: empty loss value");
   if (params.empty()) fail(errc::argument, "train_step: no parameters to train");
   Graph& g = *loss.graph;
@@ -37,7 +39,8 @@ TrainStep train_step(Value loss, const std::vector<nn::Parameter>& params, const
   TrainStep step{loss, gradients(loss, wrt), {}};
   // Every new value is computed before any is written back, so no update reads a
   // parameter another update has already replaced.
-  for (const auto& u : optimizer.append(g, params, step.gradients, step.optimizer)) assign(u.param, u.new_value);
+  for (const auto& u : optimizer.append(g, params, step.gradients, step.optimizer))
+    assign(u.param, u.new_value);
   g.mark_output(loss);
   return step;
 }

@@ -26,7 +26,8 @@ struct BroadcastLoop {
     for (int k = 0; k < 2; ++k) {
       std::int64_t s = 1;
       for (int i = rank - 1; i >= 0; --i) {
-        stride[static_cast<std::size_t>(k)][static_cast<std::size_t>(i)] = in_shapes[k][i] == 1 ? 0 : s;
+        stride[static_cast<std::size_t>(k)][static_cast<std::size_t>(i)] =
+            in_shapes[k][i] == 1 ? 0 : s;
         s *= in_shapes[k][i];
       }
     }
@@ -34,22 +35,30 @@ struct BroadcastLoop {
     for (int i = rank - 1; i >= 0; --i) {
       if (out[i] == 1) continue;
       if (dims_ == 0) {
-        push(out[i], stride[0][static_cast<std::size_t>(i)], stride[1][static_cast<std::size_t>(i)]);
+        push(out[i], stride[0][static_cast<std::size_t>(i)],
+             stride[1][static_cast<std::size_t>(i)]);
         continue;
       }
       bool mergeable = true;
       for (int k = 0; k < 2; ++k) {
         const auto& st = stride[static_cast<std::size_t>(k)];
-        const std::int64_t inner_stride_k = strides_[static_cast<std::size_t>(k)][static_cast<std::size_t>(dims_ - 1)];
-        mergeable = mergeable && st[static_cast<std::size_t>(i)] == inner_stride_k * extent_[static_cast<std::size_t>(dims_ - 1)];
+        const std::int64_t inner_stride_k =
+            strides_[static_cast<std::size_t>(k)][static_cast<std::size_t>(dims_ - 1)];
+        mergeable = mergeable && st[static_cast<std::size_t>(i)] ==
+                                     inner_stride_k * extent_[static_cast<std::size_t>(dims_ - 1)];
       }
-      if (mergeable) extent_[static_cast<std::size_t>(dims_ - 1)] *= out[i];
-      else push(out[i], stride[0][static_cast<std::size_t>(i)], stride[1][static_cast<std::size_t>(i)]);
+      if (mergeable)
+        extent_[static_cast<std::size_t>(dims_ - 1)] *= out[i];
+      else
+        push(out[i], stride[0][static_cast<std::size_t>(i)],
+             stride[1][static_cast<std::size_t>(i)]);
     }
     if (dims_ == 0) push(1, 1, 1);
     // extent_[0] is the innermost folded dimension.
     inner = extent_[0];
-    for (int k = 0; k < 2; ++k) inner_stride[static_cast<std::size_t>(k)] = strides_[static_cast<std::size_t>(k)][0] != 0 ? 1 : 0;
+    for (int k = 0; k < 2; ++k)
+      inner_stride[static_cast<std::size_t>(k)] =
+          strides_[static_cast<std::size_t>(k)][0] != 0 ? 1 : 0;
     for (int j = 1; j < dims_; ++j) rows *= extent_[static_cast<std::size_t>(j)];
   }
 

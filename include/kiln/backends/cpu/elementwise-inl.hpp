@@ -44,8 +44,8 @@ template <class D> struct HwyMath {
 
 /// One contiguous row: a and b are either contiguous (kVecA/kVecB) or one broadcast scalar.
 template <Op op, bool kVecA, bool kVecB>
-void ElementwiseRow(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, float* HWY_RESTRICT out,
-                    std::int64_t n, float scalar) {
+void ElementwiseRow(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
+                    float* HWY_RESTRICT out, std::int64_t n, float scalar) {
   using Def = OpDef<op>;
   const hn::ScalableTag<float> d;
   const HwyMath<decltype(d)> m{d};
@@ -59,7 +59,8 @@ void ElementwiseRow(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, fl
     const auto vb = kVecB ? hn::LoadU(d, b + i) : b0;
     hn::StoreU(Def::apply(m, va, vb, vs), d, out + i);
   }
-  for (; i < n; ++i) out[i] = Def::apply(ScalarMath{}, kVecA ? a[i] : a[0], kVecB ? b[i] : b[0], scalar);
+  for (; i < n; ++i)
+    out[i] = Def::apply(ScalarMath{}, kVecA ? a[i] : a[0], kVecB ? b[i] : b[0], scalar);
 }
 
 template <Op op> void ElementwiseKernel(const KernelArgs& args) {
@@ -69,8 +70,9 @@ template <Op op> void ElementwiseKernel(const KernelArgs& args) {
   const float scalar = s ? s->value : 0.0f;
   const BroadcastLoop loop(args.out.shape, a.shape, b.shape);
   using RowFn = void (*)(const float*, const float*, float*, std::int64_t, float);
-  constexpr RowFn variants[2][2] = {{&ElementwiseRow<op, false, false>, &ElementwiseRow<op, false, true>},
-                                    {&ElementwiseRow<op, true, false>, &ElementwiseRow<op, true, true>}};
+  constexpr RowFn variants[2][2] = {
+      {&ElementwiseRow<op, false, false>, &ElementwiseRow<op, false, true>},
+      {&ElementwiseRow<op, true, false>, &ElementwiseRow<op, true, true>}};
   const RowFn row = variants[loop.inner_stride[0]][loop.inner_stride[1]];
   const float* pa = a.f32();
   const float* pb = b.f32();
@@ -82,7 +84,8 @@ template <Op op> void ElementwiseKernel(const KernelArgs& args) {
       row(pa + oa, pb + ob, po + r * loop.inner, loop.inner, scalar);
     }
   };
-  const std::int64_t grain = std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(loop.inner, 1));
+  const std::int64_t grain =
+      std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(loop.inner, 1));
   if (loop.rows <= grain) {
     body(0, loop.rows);
     return;
@@ -104,7 +107,8 @@ inline void FillKernel(const KernelArgs& args) {
 
 inline void AssignKernel(const KernelArgs& args) {
   if (args.out.data != args.in[1].data)
-    std::memcpy(args.out.data, args.in[1].data, static_cast<std::size_t>(args.out.numel()) * dtype_size(args.out.dtype));
+    std::memcpy(args.out.data, args.in[1].data,
+                static_cast<std::size_t>(args.out.numel()) * dtype_size(args.out.dtype));
 }
 
 /// Mask element i is a pure function of (seed, run, i): reproducible and thread-independent.
@@ -124,7 +128,8 @@ inline void DropoutMaskKernel(const KernelArgs& args) {
 
 inline void RegisterElementwiseKernels(KernelTable& table) {
 #define KILN_REGISTER_ELEMENTWISE(name, spelling)                                                  \
-  if constexpr (OpDef<Op::name>::is_elementwise) table.run[op_index(Op::name)] = &ElementwiseKernel<Op::name>;
+  if constexpr (OpDef<Op::name>::is_elementwise)                                                   \
+    table.run[op_index(Op::name)] = &ElementwiseKernel<Op::name>;
   KILN_OP_LIST(KILN_REGISTER_ELEMENTWISE)
 #undef KILN_REGISTER_ELEMENTWISE
   table.run[op_index(Op::Fill)] = &FillKernel;
