@@ -12,6 +12,7 @@
 
 #include <tbb/task_arena.h>
 
+#include "kernel_harness.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 #include "kiln/core/rng.hpp"
@@ -49,58 +50,16 @@ Shape shape_of(std::initializer_list<std::size_t> dims) {
   return s;
 }
 
-TensorView view(std::vector<float>& v, const Shape& s) {
-  return TensorView{v.data(), s, DType::f32};
-}
+using kiln::test::relative_error;
+using kiln::test::view;
 
-/// One cache line; a vector of these is 64-byte aligned workspace memory.
-struct alignas(64) Line {
-  std::byte bytes[64];
-};
-
-/// Runs op with a workspace for every thread of the current arena; the workspace starts as
-/// NaN bytes and the output as NaN, so reading unset scratch or skipping an output fails.
 std::vector<float> run(const KernelTable& t, Op op, std::initializer_list<TensorView> inputs,
                        const Shape& out_shape, const Attrs& attrs) {
-  const kiln::KernelFn fn = t.run[kiln::op_index(op)];
-  REQUIRE(static_cast<bool>(fn));
-  std::vector<float> out(static_cast<std::size_t>(out_shape.numel()),
-                         std::numeric_limits<float>::quiet_NaN());
-  KernelArgs args;
-  for (const TensorView& in : inputs) args.in[static_cast<std::size_t>(args.num_inputs++)] = in;
-  args.out = TensorView{out.data(), out_shape, DType::f32};
-  args.attrs = &attrs;
-  args.workspace_per_thread = kiln::cpu::workspace_per_thread(op, args);
-  CHECK(args.workspace_per_thread % 64 == 0);
-  const auto threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-  // Exactly the promised size, so the address sanitizer sees a kernel overrunning the last slice.
-  std::vector<Line> workspace(
-      std::max<std::size_t>(1, threads * args.workspace_per_thread / sizeof(Line)));
-  std::fill_n(reinterpret_cast<unsigned char*>(workspace.data()), workspace.size() * sizeof(Line),
-              0xff);
-  args.workspace = reinterpret_cast<std::byte*>(workspace.data());
-  fn(args);
-  return out;
+  return kiln::test::run_kernel(t, op, inputs, out_shape, &attrs);
 }
 
 void check_close(const std::vector<float>& got, const std::vector<float>& want) {
-  REQUIRE(got.size() == want.size());
-  double scale = 0.0;
-  for (const float v : want) scale = std::max(scale, std::fabs(static_cast<double>(v)));
-  double worst = 0.0;
-  std::size_t worst_at = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
-    // A NaN compares false, so it must be caught explicitly.
-    if (std::isnan(got[i]) || err > worst) {
-      worst = std::isnan(got[i]) ? std::numeric_limits<double>::infinity() : err;
-      worst_at = i;
-      if (std::isnan(got[i])) break;
-    }
-  }
-  INFO("worst error " << worst << " at " << worst_at << " of " << got.size() << ", scale "
-                      << scale);
-  CHECK(worst <= kTol * std::max(scale, 1e-6));
+  CHECK(relative_error(got, want) <= kTol);
 }
 
 struct MatMulCase {

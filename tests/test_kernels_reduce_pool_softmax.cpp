@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernel_harness.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "reference_pool_softmax.hpp"
 #include "target_loop.hpp"
@@ -47,40 +48,12 @@ std::vector<float> tied_values(std::int64_t n, std::uint32_t seed) {
   return v;
 }
 
-TensorView view(std::vector<float>& v, const Shape& s) {
-  return TensorView{v.data(), s, DType::f32};
-}
+using kiln::test::relative_error;
+using kiln::test::view;
 
-TensorView view(std::vector<std::int32_t>& v, const Shape& s) {
-  return TensorView{v.data(), s, DType::i32};
-}
-
-/// Runs op on the inputs; the output starts as NaN so unwritten elements fail the check.
 std::vector<float> run(const KernelTable& t, Op op, std::initializer_list<TensorView> inputs,
                        const Shape& out_shape, const Attrs* attrs = nullptr) {
-  const kiln::KernelFn fn = t.run[kiln::op_index(op)];
-  REQUIRE(static_cast<bool>(fn));
-  std::vector<float> out(static_cast<std::size_t>(out_shape.numel()),
-                         std::numeric_limits<float>::quiet_NaN());
-  KernelArgs args;
-  for (const TensorView& in : inputs) args.in[static_cast<std::size_t>(args.num_inputs++)] = in;
-  args.out = view(out, out_shape);
-  args.attrs = attrs;
-  fn(args);
-  return out;
-}
-
-/// max |got - want| / max |want|; equal values (infinities included) count as no error.
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  REQUIRE(got.size() == want.size());
-  double scale = 0.0, err = 0.0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
-    if (got[i] == want[i]) continue;
-    const double e = std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
-    err = std::max(err, std::isnan(e) ? std::numeric_limits<double>::infinity() : e);
-  }
-  return err == 0.0 ? 0.0 : err / std::max(scale, 1e-30);
+  return kiln::test::run_kernel(t, op, inputs, out_shape, attrs);
 }
 
 struct SumCase {

@@ -41,8 +41,11 @@ struct Value {
   ValueId id = -1;
 
   [[nodiscard]] bool valid() const { return graph != nullptr && id >= 0; }
+  /// The defining node. The reference is invalidated when the graph grows: copy what you
+  /// need before building more nodes.
   [[nodiscard]] const Node& node() const;
-  [[nodiscard]] const Shape& shape() const { return node().type.shape; }
+  /// By value, so it stays valid while further nodes are appended.
+  [[nodiscard]] Shape shape() const { return node().type.shape; }
   [[nodiscard]] DType dtype() const { return node().type.dtype; }
   friend bool operator==(const Value& a, const Value& b) {
     return a.graph == b.graph && a.id == b.id;

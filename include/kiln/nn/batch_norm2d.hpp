@@ -26,7 +26,7 @@ public:
   }
 
   Value forward(Value x) override {
-    const Shape& s = x.shape();
+    const Shape s = x.shape();
     if (s.rank() != 4 || s[1] != channels_)
       fail(errc::shape, "BatchNorm2d(" + std::to_string(channels_) + "): input %" +
                             std::to_string(x.id) + ":" + s.str() + " is not [N," +

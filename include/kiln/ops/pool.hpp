@@ -84,7 +84,7 @@ inline Value avg_pool2d_grad(Value dy, const Pool2dAttrs& attrs) {
 
 /// [N,C,H,W] -> [N,C]: the mean over each plane, built from sum_to and a scale.
 inline Value global_avg_pool2d(Value x) {
-  const Shape& s = x.shape();
+  const Shape s = x.shape();
   if (s.rank() != 4)
     fail(errc::shape,
          "global_avg_pool2d: %" + std::to_string(x.id) + ":" + s.str() + " is not NCHW");

@@ -26,7 +26,7 @@ template <> struct OpDef<Op::SumTo> : OpDefaults {
 /// Sums x down to `shape`, which x must broadcast from (fewer dimensions allowed).
 inline Value sum_to(Value x, Shape shape) {
   if (x.shape() == shape) return x;
-  const Shape& from = x.shape();
+  const Shape from = x.shape();
   if (!broadcasts_to(shape, from))
     fail(errc::shape, "sum_to: %" + std::to_string(x.id) + ":" + from.str() +
                           " cannot be summed to " + shape.str());

@@ -1,0 +1,74 @@
+// Shared harness of the kernel tests: run one kernel the way the executor does, and measure
+// its error against a reference.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <vector>
+
+#include <tbb/task_arena.h>
+
+#include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/workspace.hpp"
+
+namespace kiln::test {
+
+inline TensorView view(std::vector<float>& v, const Shape& s) {
+  return TensorView{v.data(), s, DType::f32};
+}
+inline TensorView view(std::vector<std::int32_t>& v, const Shape& s) {
+  return TensorView{v.data(), s, DType::i32};
+}
+
+/// One cache line; a vector of these is 64-byte aligned workspace memory.
+struct alignas(64) Line {
+  std::byte bytes[64];
+};
+
+/// Runs `op` with a workspace for every thread of the current arena. The workspace starts as
+/// NaN bytes and the output as NaN, so reading unset scratch or skipping an output fails;
+/// the workspace has exactly the promised size, so the address sanitizer sees an overrun.
+inline std::vector<float> run_kernel(const cpu::KernelTable& t, Op op,
+                                     std::initializer_list<TensorView> inputs,
+                                     const Shape& out_shape, const Attrs* attrs = nullptr) {
+  const KernelFn fn = t.run[op_index(op)];
+  REQUIRE(static_cast<bool>(fn));
+  std::vector<float> out(static_cast<std::size_t>(out_shape.numel()),
+                         std::numeric_limits<float>::quiet_NaN());
+  KernelArgs args;
+  for (const TensorView& in : inputs) args.in[static_cast<std::size_t>(args.num_inputs++)] = in;
+  args.out = view(out, out_shape);
+  args.attrs = attrs;
+  args.workspace_per_thread = cpu::workspace_per_thread(op, args);
+  CHECK(args.workspace_per_thread % 64 == 0);
+  const auto threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
+  std::vector<Line> workspace(
+      std::max<std::size_t>(1, threads * args.workspace_per_thread / sizeof(Line)));
+  std::fill_n(reinterpret_cast<unsigned char*>(workspace.data()), workspace.size() * sizeof(Line),
+              0xff);
+  args.workspace = reinterpret_cast<std::byte*>(workspace.data());
+  fn(args);
+  return out;
+}
+
+/// max |got - want| / max |want|; equal values (infinities included) count as no error, a
+/// NaN where the reference has a number as infinite error.
+inline double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  double scale = 0.0, err = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+    if (got[i] == want[i]) continue;
+    const double e = std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
+    err = std::max(err, std::isnan(e) ? std::numeric_limits<double>::infinity() : e);
+  }
+  return err == 0.0 ? 0.0 : err / std::max(scale, 1e-30);
+}
+
+} // namespace kiln::test
