@@ -3,10 +3,14 @@
 # apt-get line to run (otherwise). Usage: scripts/install_deps.sh [extra packages...]
 set -euo pipefail
 
-packages=(g++ cmake make libhwy-dev libtbb-dev libeigen3-dev zlib1g-dev doctest-dev libbenchmark-dev
-  nodejs npm "$@")
 missing=()
-for p in "${packages[@]}"; do
+# Tools count as present when their command exists, however they were installed (a Node.js
+# from another source brings its own npm, which Debian's npm package would conflict with).
+declare -A tool_package=([g++]=g++ [cmake]=cmake [make]=make [node]=nodejs [npm]=npm)
+for tool in "${!tool_package[@]}"; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("${tool_package[$tool]}")
+done
+for p in libhwy-dev libtbb-dev libeigen3-dev zlib1g-dev doctest-dev libbenchmark-dev "$@"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 [[ ${#missing[@]} -eq 0 ]] && exit 0
