@@ -126,6 +126,21 @@ public:
     fail(errc::not_found, "graph has no input named '" + name + "'");
   }
 
+  /// A copy of the nodes and outputs, for passes that must not touch the user's graph.
+  [[nodiscard]] std::unique_ptr<Graph> clone() const {
+    auto copy = std::make_unique<Graph>();
+    copy->nodes_ = nodes_;
+    copy->outputs_ = outputs_;
+    return copy;
+  }
+
+  /// Replaces every node and the outputs at once (passes rewrite graphs this way). The new
+  /// nodes must be in topological order; Values taken before refer to the old numbering.
+  void reset(std::vector<Node> nodes, std::vector<ValueId> outputs) {
+    nodes_ = std::move(nodes);
+    outputs_ = std::move(outputs);
+  }
+
   void check_owned(Value v, const char* where) const {
     if (v.graph != this || v.id < 0 || v.id >= size())
       fail(errc::argument, std::string(where) + ": value does not belong to this graph");

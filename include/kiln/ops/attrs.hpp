@@ -5,49 +5,59 @@
 #include <memory>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "kiln/core/shape.hpp"
+#include "kiln/ops/op_list.hpp"
 
 namespace kiln {
 
 class Tensor;
 
 /// Ops without attributes.
-struct NoAttrs {};
+struct NoAttrs {
+  friend bool operator==(const NoAttrs&, const NoAttrs&) = default;
+};
 
 /// A named graph input fed by the user each run. `label_classes` > 0 marks an i32 input used
 /// as class labels in [0, label_classes); the executor checks every fed label against it.
 struct InputAttrs {
   std::string name;
   std::int64_t label_classes = 0;
+  friend bool operator==(const InputAttrs&, const InputAttrs&) = default;
 };
 
 /// A persistent tensor (parameter or optimizer state) living outside the arena.
 struct ParamAttrs {
   std::string name;
   std::shared_ptr<Tensor> tensor;
+  friend bool operator==(const ParamAttrs&, const ParamAttrs&) = default;
 };
 
 /// A scalar operand: the factor of mul_scalar, the addend of add_scalar.
 struct ScalarAttrs {
   float value = 0.0f;
+  friend bool operator==(const ScalarAttrs&, const ScalarAttrs&) = default;
 };
 
 /// A target shape: of reshape, broadcast_to and sum_to.
 struct ShapeAttrs {
   Shape shape;
+  friend bool operator==(const ShapeAttrs&, const ShapeAttrs&) = default;
 };
 
 /// A tensor of `shape` filled with `value` (e.g. the seed gradient 1 of a loss).
 struct FillAttrs {
   float value = 0.0f;
   Shape shape;
+  friend bool operator==(const FillAttrs&, const FillAttrs&) = default;
 };
 
 /// out = op(a)·op(b) with op = transpose when the flag is set; inputs are row-major 2-D.
 struct MatMulAttrs {
   bool transpose_a = false;
   bool transpose_b = false;
+  friend bool operator==(const MatMulAttrs&, const MatMulAttrs&) = default;
 };
 
 /// Convolution geometry, shared by conv2d and both its gradients. Weight layout OIHW.
@@ -57,6 +67,7 @@ struct Conv2dAttrs {
   int pad_h = 0, pad_w = 0;
   int kernel_h = 0, kernel_w = 0;
   std::int64_t input_h = 0, input_w = 0;
+  friend bool operator==(const Conv2dAttrs&, const Conv2dAttrs&) = default;
 };
 
 /// Square pooling window. Padding for max pooling counts as -inf, for average pooling the
@@ -67,6 +78,7 @@ struct Pool2dAttrs {
   int stride = 2;
   int padding = 0;
   std::int64_t input_h = 0, input_w = 0;
+  friend bool operator==(const Pool2dAttrs&, const Pool2dAttrs&) = default;
 };
 
 /// Inverted dropout: mask elements are 0 with probability p, else 1/(1-p). The mask is a
@@ -75,10 +87,29 @@ struct DropoutAttrs {
   float p = 0.5f;
   std::uint64_t seed = 0;
   Shape shape;
+  friend bool operator==(const DropoutAttrs&, const DropoutAttrs&) = default;
+};
+
+/// One step of a fused elementwise kernel: `op` applied to operands a and b (unary ops use
+/// a only). An operand >= 0 is the result of an earlier step, < 0 is input -(operand + 1).
+struct FusedInstruction {
+  Op op = Op::Add;
+  std::int8_t a = -1;
+  std::int8_t b = -1;
+  float scalar = 0.0f; ///< the ScalarAttrs value of mul_scalar / add_scalar
+  friend bool operator==(const FusedInstruction&, const FusedInstruction&) = default;
+};
+
+/// A chain of elementwise ops run as one kernel, element by element, over `shape`; the
+/// last instruction's result is the output. Inputs broadcast to `shape`.
+struct FusedAttrs {
+  std::vector<FusedInstruction> program;
+  Shape shape;
+  friend bool operator==(const FusedAttrs&, const FusedAttrs&) = default;
 };
 
 /// Every attribute kind; a node holds exactly one.
 using Attrs = std::variant<NoAttrs, InputAttrs, ParamAttrs, ScalarAttrs, ShapeAttrs, FillAttrs,
-                           MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs>;
+                           MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs, FusedAttrs>;
 
 } // namespace kiln

@@ -67,8 +67,8 @@ struct GradContext {
   ValueId id;
   Node node; // a copy: the graph grows while the rule builds
   Value dy;
-  std::array<bool, 4> needs{};
-  std::array<Value, 4> dx{};
+  std::array<bool, max_op_inputs> needs{};
+  std::array<Value, max_op_inputs> dx{};
 
   [[nodiscard]] Value in(int i) const {
     return Value{&graph, node.inputs[static_cast<std::size_t>(i)]};

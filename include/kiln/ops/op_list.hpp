@@ -52,7 +52,9 @@ namespace kiln {
   X(SoftmaxCrossEntropy, "softmax_cross_entropy")                                                  \
   X(SoftmaxCrossEntropyGrad, "softmax_cross_entropy_grad")                                         \
   /* state update (ops/state.hpp) */                                                               \
-  X(Assign, "assign")
+  X(Assign, "assign")                                                                              \
+  /* made by passes (ops/fused.hpp) */                                                             \
+  X(FusedElementwise, "fused_elementwise")
 
 /// Every op kiln knows. The enumerator order is the order of KILN_OP_LIST.
 enum class Op : std::uint8_t {
@@ -78,6 +80,9 @@ constexpr std::string_view op_name(Op op) {
 }
 
 constexpr std::size_t op_index(Op op) { return static_cast<std::size_t>(op); }
+
+/// The most inputs a node (and so a kernel) takes; fused nodes come closest.
+inline constexpr int max_op_inputs = 8;
 
 /// Fusion kinds in TVM's order: a producer of a lower kind can be folded into a consumer.
 enum class FusionKind : std::uint8_t {

@@ -6,6 +6,7 @@
 
 #include "kiln/ops/conv.hpp"
 #include "kiln/ops/elementwise.hpp"
+#include "kiln/ops/fused.hpp"
 #include "kiln/ops/loss.hpp"
 #include "kiln/ops/matmul.hpp"
 #include "kiln/ops/pool.hpp"
@@ -47,7 +48,7 @@ inline TensorType infer_type(const Graph& graph, ValueId id, Op op,
                              const std::vector<ValueId>& inputs, const Attrs& attrs) {
   const InferContext ctx{graph, id, op, inputs, attrs};
   const OpInfo& info = op_info(op);
-  if (ctx.arity() != info.arity)
+  if (info.arity >= 0 && ctx.arity() != info.arity)
     ctx.fail(errc::arity,
              "takes " + std::to_string(info.arity) + " inputs, got " + std::to_string(ctx.arity()));
   return info.infer(ctx);

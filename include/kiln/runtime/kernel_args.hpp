@@ -8,6 +8,7 @@
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/shape.hpp"
 #include "kiln/ops/attrs.hpp"
+#include "kiln/ops/op_list.hpp"
 
 namespace kiln {
 
@@ -25,7 +26,7 @@ struct TensorView {
 /// Arguments of one kernel call. Kernels never throw and never allocate: everything they
 /// need, scratch memory included, arrives here.
 struct KernelArgs {
-  static constexpr int max_inputs = 4;
+  static constexpr int max_inputs = max_op_inputs;
   std::array<TensorView, max_inputs> in{};
   int num_inputs = 0;
   TensorView out;

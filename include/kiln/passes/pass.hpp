@@ -1,0 +1,137 @@
+// The pass framework: a pass is a named, stateless function over the graph; the context
+// says which passes are off, whether to dump IR, and collects the compile report.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <ostream>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kiln/ir/graph.hpp"
+#include "kiln/ir/printer.hpp"
+#include "kiln/ir/verifier.hpp"
+
+namespace kiln {
+
+/// What one run of a pass did: whether the graph changed, and the pass's own counters.
+struct PassResult {
+  bool changed = false;
+  std::vector<std::pair<std::string, std::int64_t>> stats;
+
+  void count(const std::string& what, std::int64_t n = 1) {
+    for (auto& [name, value] : stats)
+      if (name == what) {
+        value += n;
+        return;
+      }
+    stats.emplace_back(what, n);
+    changed = changed || n != 0;
+  }
+};
+
+/// One line of the compile report.
+struct PassRecord {
+  std::string name;
+  bool ran = false; ///< false when disabled
+  bool changed = false;
+  std::int32_t nodes_before = 0, nodes_after = 0;
+  std::vector<std::pair<std::string, std::int64_t>> stats;
+  double milliseconds = 0.0;
+};
+
+/// Why the fusion pass did or did not merge a producer into a consumer (stable codes).
+enum class FusionReason : std::uint8_t {
+  fused,               ///< merged into the consumer's kernel
+  several_consumers,   ///< its value is also read elsewhere: fusing would compute it twice
+  graph_output,        ///< the user reads it after the run
+  would_duplicate_work, ///< it is broadcast into a larger consumer: fusing recomputes it per element
+  not_fusable,         ///< the producer is not an elementwise op (anchor, reduction, source)
+  too_many_inputs,     ///< the fused kernel would read more tensors than a kernel takes
+};
+
+constexpr std::string_view fusion_reason_name(FusionReason r) {
+  constexpr std::string_view names[] = {"fused",       "several_consumers", "graph_output", "would_duplicate_work",
+                                        "not_fusable", "too_many_inputs"};
+  return names[static_cast<std::size_t>(r)];
+}
+
+/// One fusion decision, in terms of the graph the fusion pass saw (its text form names them).
+struct FusionDecision {
+  ValueId producer = -1;
+  ValueId consumer = -1;
+  std::string producer_op, consumer_op;
+  FusionReason reason = FusionReason::fused;
+};
+
+/// Everything compilation learned: per pass records and fusion decisions.
+struct CompileReport {
+  std::vector<PassRecord> passes;
+  std::vector<FusionDecision> fusion;
+
+  /// The record of pass `name`, or nullptr.
+  [[nodiscard]] const PassRecord* pass(std::string_view name) const {
+    for (const PassRecord& p : passes)
+      if (p.name == name) return &p;
+    return nullptr;
+  }
+};
+
+/// What passes share during one compilation.
+struct PassContext {
+  std::set<std::string, std::less<>> disabled; ///< pass names to skip
+  std::ostream* dump_ir = nullptr;             ///< when set, the IR after every pass goes here
+#ifdef NDEBUG
+  bool verify_each_pass = false;
+#else
+  bool verify_each_pass = true; ///< debug builds check the graph after every pass
+#endif
+  CompileReport report;
+
+  [[nodiscard]] bool enabled(std::string_view name) const { return !disabled.contains(name); }
+};
+
+using PassFn = PassResult (*)(Graph&, PassContext&);
+
+/// A pass: its stable name (what `disable` takes) and its function.
+struct Pass {
+  std::string_view name;
+  PassFn run = nullptr;
+};
+
+/// Runs `pipeline` over `g` in order, honouring the context's switches and recording each
+/// pass in the report. A disabled name that no pass has is an error (likely a typo).
+inline void run_passes(Graph& g, std::span<const Pass> pipeline, PassContext& ctx) {
+  for (const std::string& name : ctx.disabled) {
+    bool known = false;
+    for (const Pass& p : pipeline) known = known || p.name == name;
+    if (!known) {
+      std::string names;
+      for (const Pass& p : pipeline) names += (names.empty() ? "" : ", ") + std::string(p.name);
+      fail(errc::argument, "no pass named '" + name + "' (passes: " + names + ")");
+    }
+  }
+  for (const Pass& p : pipeline) {
+    PassRecord record;
+    record.name = p.name;
+    record.nodes_before = record.nodes_after = g.size();
+    if (ctx.enabled(p.name)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      PassResult r = p.run(g, ctx);
+      record.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      record.ran = true;
+      record.changed = r.changed;
+      record.stats = std::move(r.stats);
+      record.nodes_after = g.size();
+      if (ctx.verify_each_pass) verify(g);
+      if (ctx.dump_ir) *ctx.dump_ir << "// after " << p.name << "\n" << to_text(g);
+    }
+    ctx.report.passes.push_back(std::move(record));
+  }
+}
+
+} // namespace kiln
