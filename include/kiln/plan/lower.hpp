@@ -19,7 +19,34 @@ namespace kiln {
 struct LowerOptions {
   /// Worker threads the plan will run with; 0 = every core.
   int threads = 0;
+  /// Share arena memory between buffers whose lifetimes do not overlap.
+  bool share_memory = true;
+  /// Let an elementwise update write straight into the parameter it is assigned to.
+  bool inplace_updates = true;
 };
+
+namespace detail {
+
+/// Whether assign node `a` can be dropped by computing its value directly in the param's
+/// storage: the value comes from an elementwise kernel (which reads element i of its
+/// same-shaped inputs before writing element i), and nothing between that kernel and the
+/// assign reads the param's old value.
+inline bool can_update_in_place(const Graph& g, ValueId a, const std::vector<ValueId>& root) {
+  const Node& assign = g.node(a);
+  const ValueId target = root[static_cast<std::size_t>(assign.inputs[0])];
+  const ValueId source = assign.inputs[1];
+  const Node& producer = g.node(source);
+  if (root[static_cast<std::size_t>(source)] != source) return false;
+  if (!op_info(producer.op).is_elementwise && producer.op != Op::FusedElementwise) return false;
+  for (ValueId in : producer.inputs)
+    if (root[static_cast<std::size_t>(in)] == target && !(g.node(in).type.shape == producer.type.shape)) return false;
+  for (ValueId k = source + 1; k < a; ++k)
+    for (ValueId in : g.node(k).inputs)
+      if (root[static_cast<std::size_t>(in)] == target) return false;
+  return true;
+}
+
+} // namespace detail
 
 /// Lowers a verified graph for `backend`. Every node but inputs, params and views becomes
 /// one step, in graph order.
@@ -40,12 +67,23 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
         aliases ? root[static_cast<std::size_t>(node.inputs[0])] : id;
   }
 
+  // In-place updates: the source of such an assign lives in the param, and the assign
+  // itself needs no step.
+  std::vector<bool> elided(n, false);
+  if (options.inplace_updates)
+    for (ValueId id = 0; id < g.size(); ++id) {
+      if (g.node(id).op != Op::Assign || !detail::can_update_in_place(g, id, root)) continue;
+      root[static_cast<std::size_t>(g.node(id).inputs[1])] = root[static_cast<std::size_t>(id)];
+      elided[static_cast<std::size_t>(id)] = true;
+      ++plan.assigns_in_place;
+    }
+
   // Step index of each computing node, and the live range of each arena root.
   std::vector<int> step_of(n, -1);
   int step_count = 0;
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& node = g.node(id);
-    if (node.op != Op::Input && node.op != Op::Param && !op_info(node.op).is_view)
+    if (node.op != Op::Input && node.op != Op::Param && !op_info(node.op).is_view && !elided[static_cast<std::size_t>(id)])
       step_of[static_cast<std::size_t>(id)] = step_count++;
   }
   const int end = std::max(step_count - 1, 0);
@@ -82,7 +120,7 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
         {bytes, first[static_cast<std::size_t>(id)], last[static_cast<std::size_t>(id)]});
     request_root.push_back(id);
   }
-  plan.memory = plan_memory(requests);
+  plan.memory = options.share_memory ? plan_memory(requests) : place_separately(requests);
   const MemoryPlan& memory = plan.memory;
 
   std::vector<std::size_t> offset_of(n, 0);
@@ -137,6 +175,7 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
     plan.steps.push_back(std::move(step));
   }
   plan.outputs = g.outputs();
+  plan.output_origins = g.outputs();
   plan.buffers = std::move(requests);
   return plan;
 }

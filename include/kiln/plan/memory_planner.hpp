@@ -69,6 +69,17 @@ inline MemoryPlan plan_memory(std::span<const BufferRequest> requests) {
   return plan;
 }
 
+/// Every buffer at its own offset: what memory planning saves is measured against this.
+inline MemoryPlan place_separately(std::span<const BufferRequest> requests) {
+  MemoryPlan plan;
+  for (const BufferRequest& r : requests) {
+    plan.offsets.push_back(plan.arena_bytes);
+    plan.arena_bytes += align_up(r.bytes);
+  }
+  plan.naive_bytes = plan.arena_bytes;
+  return plan;
+}
+
 /// The first pair of requests that are alive at the same time and overlap in memory, if any.
 inline std::optional<std::pair<std::size_t, std::size_t>>
 find_overlap(std::span<const BufferRequest> requests, const MemoryPlan& plan) {

@@ -1,7 +1,13 @@
 // compile(): the one call from a built graph to something that runs.
 #pragma once
 
+#include <algorithm>
+#include <ostream>
+#include <string>
+#include <vector>
+
 #include "kiln/backends/cpu/backend.hpp"
+#include "kiln/passes/pipeline.hpp"
 #include "kiln/plan/lower.hpp"
 #include "kiln/runtime/executor.hpp"
 
@@ -13,6 +19,11 @@ struct CompileOptions {
   int threads = 0;
   /// Record the time of every step (read with Executor::step_times).
   bool profile = false;
+  /// Optimisations to switch off by name: any pass of default_pipeline ("dce",
+  /// "fuse_elementwise", ...) or a lowering switch ("plan_memory", "inplace").
+  std::vector<std::string> disable{};
+  /// When set, the IR after every pass is written here.
+  std::ostream* dump_ir = nullptr;
 };
 
 /// Verifies, lowers and prepares `graph` to run on `backend` (default: the CPU).

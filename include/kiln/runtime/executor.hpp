@@ -10,6 +10,7 @@
 
 #include <oneapi/tbb/task_arena.h>
 
+#include "kiln/passes/pass.hpp"
 #include "kiln/plan/plan.hpp"
 
 namespace kiln {
@@ -24,8 +25,8 @@ struct StepTime {
 /// Runs a compiled plan. Feed inputs with set_input, call run, read outputs.
 class Executor {
 public:
-  explicit Executor(Plan plan)
-      : plan_(std::move(plan)), arena_(detail::aligned_zeroed(plan_.memory.arena_bytes)),
+  explicit Executor(Plan plan, CompileReport report = {})
+      : plan_(std::move(plan)), report_(std::move(report)), arena_(detail::aligned_zeroed(plan_.memory.arena_bytes)),
         workspace_(detail::aligned_zeroed(plan_.workspace_per_thread *
                                           static_cast<std::size_t>(plan_.threads))),
         threads_(std::make_unique<tbb::task_arena>(plan_.threads)) {
@@ -111,6 +112,8 @@ public:
   }
 
   [[nodiscard]] const Plan& plan() const { return plan_; }
+  /// What compilation did: every pass with its statistics, every fusion decision.
+  [[nodiscard]] const CompileReport& report() const { return report_; }
   [[nodiscard]] std::uint64_t runs() const { return runs_; }
 
 private:
@@ -137,6 +140,7 @@ private:
   }
 
   Plan plan_;
+  CompileReport report_;
   std::unique_ptr<std::byte[], detail::AlignedFree> arena_;
   std::unique_ptr<std::byte[], detail::AlignedFree> workspace_;
   std::unique_ptr<tbb::task_arena> threads_;

@@ -12,10 +12,12 @@
 #include <hwy/highway.h>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
 
 #include "hwy/contrib/math/math-inl.h"
 #include "kiln/backends/cpu/broadcast_loop.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/workspace.hpp"
 #include "kiln/core/rng.hpp"
 #include "kiln/ops/registry.hpp"
 #include "kiln/ops/scalar_math.hpp"
@@ -63,35 +65,104 @@ void ElementwiseRow(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
     out[i] = Def::apply(ScalarMath{}, kVecA ? a[i] : a[0], kVecB ? b[i] : b[0], scalar);
 }
 
-template <Op op> void ElementwiseKernel(const KernelArgs& args) {
-  const TensorView& a = args.in[0];
-  const TensorView& b = args.num_inputs > 1 ? args.in[1] : args.in[0];
-  const auto* s = std::get_if<ScalarAttrs>(args.attrs);
-  const float scalar = s ? s->value : 0.0f;
-  const BroadcastLoop loop(args.out.shape, a.shape, b.shape);
-  using RowFn = void (*)(const float*, const float*, float*, std::int64_t, float);
-  constexpr RowFn variants[2][2] = {
-      {&ElementwiseRow<op, false, false>, &ElementwiseRow<op, false, true>},
-      {&ElementwiseRow<op, true, false>, &ElementwiseRow<op, true, true>}};
-  const RowFn row = variants[loop.inner_stride[0]][loop.inner_stride[1]];
-  const float* pa = a.f32();
-  const float* pb = b.f32();
-  float* po = args.out.f32();
-  const auto body = [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      std::int64_t oa = 0, ob = 0;
-      loop.row_offsets(r, oa, ob);
-      row(pa + oa, pb + ob, po + r * loop.inner, loop.inner, scalar);
+using RowFn = void (*)(const float*, const float*, float*, std::int64_t, float);
+/// The four row variants of one op: [a contiguous][b contiguous].
+using RowVariants = std::array<std::array<RowFn, 2>, 2>;
+
+template <Op op> constexpr RowVariants row_variants() {
+  return {{{&ElementwiseRow<op, false, false>, &ElementwiseRow<op, false, true>},
+           {&ElementwiseRow<op, true, false>, &ElementwiseRow<op, true, true>}}};
+}
+
+/// Row functions of every elementwise op, indexed by op_index (others stay null).
+inline const std::array<RowVariants, op_count>& RowTable() {
+  static const std::array<RowVariants, op_count> table = [] {
+    std::array<RowVariants, op_count> t{};
+#define KILN_ROW_VARIANTS(name, spelling)                                                          \
+  if constexpr (OpDef<Op::name>::is_elementwise) t[op_index(Op::name)] = row_variants<Op::name>();
+    KILN_OP_LIST(KILN_ROW_VARIANTS)
+#undef KILN_ROW_VARIANTS
+    return t;
+  }();
+  return table;
+}
+
+/// Runs body(row, first, count) over pieces of at most `chunk` elements of every row, in
+/// parallel: a same-shape op folds to one long row, which must still use every thread.
+template <class Body> void ForEachChunk(const BroadcastLoop& loop, std::int64_t chunk, const Body& body) {
+  const std::int64_t per_row = (loop.inner + chunk - 1) / chunk;
+  const std::int64_t tiles = loop.rows * per_row;
+  const auto run = [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::int64_t first = (t % per_row) * chunk;
+      body(t / per_row, first, std::min(chunk, loop.inner - first));
     }
   };
-  const std::int64_t grain =
-      std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(loop.inner, 1));
-  if (loop.rows <= grain) {
-    body(0, loop.rows);
+  // About 32k elements per task: enough to hide the scheduling cost.
+  const std::int64_t grain = std::max<std::int64_t>(1, 32768 / std::min(chunk, std::max<std::int64_t>(loop.inner, 1)));
+  if (tiles <= grain) {
+    run(0, tiles);
     return;
   }
-  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, loop.rows, grain),
-                    [&](const tbb::blocked_range<std::int64_t>& r) { body(r.begin(), r.end()); });
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, tiles, grain),
+                    [&](const tbb::blocked_range<std::int64_t>& r) { run(r.begin(), r.end()); });
+}
+
+inline BroadcastLoop LoopOf(const KernelArgs& args) {
+  std::array<Shape, max_op_inputs> shapes{};
+  for (int k = 0; k < args.num_inputs; ++k) shapes[static_cast<std::size_t>(k)] = args.in[static_cast<std::size_t>(k)].shape;
+  return BroadcastLoop(args.out.shape, std::span<const Shape>(shapes.data(), static_cast<std::size_t>(args.num_inputs)));
+}
+
+template <Op op> void ElementwiseKernel(const KernelArgs& args) {
+  const auto* s = std::get_if<ScalarAttrs>(args.attrs);
+  const float scalar = s ? s->value : 0.0f;
+  const BroadcastLoop loop = LoopOf(args);
+  const int ib = args.num_inputs > 1 ? 1 : 0; // unary ops read their one input as both operands
+  const RowFn row = RowTable()[op_index(op)][static_cast<std::size_t>(loop.inner_stride[0])]
+                                            [static_cast<std::size_t>(loop.inner_stride[static_cast<std::size_t>(ib)])];
+  const float* pa = args.in[0].f32();
+  const float* pb = args.in[static_cast<std::size_t>(ib)].f32();
+  float* po = args.out.f32();
+  ForEachChunk(loop, 4096, [&](std::int64_t r, std::int64_t first, std::int64_t n) {
+    std::int64_t offsets[max_op_inputs];
+    loop.row_offsets(r, offsets);
+    const std::int64_t oa = offsets[0] + (loop.inner_stride[0] ? first : 0);
+    const std::int64_t ob = offsets[ib] + (loop.inner_stride[static_cast<std::size_t>(ib)] ? first : 0);
+    row(pa + oa, pb + ob, po + r * loop.inner + first, n, scalar);
+  });
+}
+
+/// A fused chain: each chunk of a row goes through every step of the program, keeping the
+/// intermediate results in this thread's workspace (a few KiB, so they stay in L1/L2).
+inline void FusedElementwiseKernel(const KernelArgs& args) {
+  const auto& program = std::get_if<FusedAttrs>(args.attrs)->program;
+  const BroadcastLoop loop = LoopOf(args);
+  const auto& rows = RowTable();
+  const auto steps = static_cast<std::int64_t>(program.size());
+  float* po = args.out.f32();
+  ForEachChunk(loop, fused_chunk, [&](std::int64_t r, std::int64_t first, std::int64_t n) {
+    auto* temps = reinterpret_cast<float*>(args.workspace + static_cast<std::size_t>(tbb::this_task_arena::current_thread_index()) * args.workspace_per_thread);
+    std::int64_t offsets[max_op_inputs];
+    loop.row_offsets(r, offsets);
+    const auto operand = [&](int v, std::size_t& contiguous) -> const float* {
+      if (v >= 0) {
+        contiguous = 1;
+        return temps + static_cast<std::int64_t>(v) * fused_chunk;
+      }
+      const auto k = static_cast<std::size_t>(-(v + 1));
+      contiguous = static_cast<std::size_t>(loop.inner_stride[k]);
+      return args.in[k].f32() + offsets[k] + (contiguous ? first : 0);
+    };
+    for (std::int64_t k = 0; k < steps; ++k) {
+      const FusedInstruction& f = program[static_cast<std::size_t>(k)];
+      std::size_t ca = 0, cb = 0;
+      const float* a = operand(f.a, ca);
+      const float* b = operand(f.b, cb);
+      float* out = k + 1 == steps ? po + r * loop.inner + first : temps + k * fused_chunk;
+      rows[op_index(f.op)][ca][cb](a, b, out, n, f.scalar);
+    }
+  });
 }
 
 inline void FillKernel(const KernelArgs& args) {
@@ -135,6 +206,7 @@ inline void RegisterElementwiseKernels(KernelTable& table) {
   table.run[op_index(Op::Fill)] = &FillKernel;
   table.run[op_index(Op::Assign)] = &AssignKernel;
   table.run[op_index(Op::DropoutMask)] = &DropoutMaskKernel;
+  table.run[op_index(Op::FusedElementwise)] = &FusedElementwiseKernel;
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

@@ -165,6 +165,10 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
   return l;
 }
 
+/// Elements of a row a fused elementwise kernel processes at a time; each intermediate
+/// result takes one chunk of workspace.
+inline constexpr std::int64_t fused_chunk = 1024;
+
 /// Bytes of scratch memory the kernel of `op` needs per worker thread for these shapes
 /// (args.in[i].shape, args.out.shape, args.attrs are set; data pointers are not).
 /// Always a multiple of 64, so every thread's slice stays cache-line aligned.
@@ -172,6 +176,10 @@ inline std::size_t workspace_per_thread(Op op, const KernelArgs& args) {
   if (op == Op::MatMul) return matmul_layout(matmul_dims(args)).total * sizeof(float);
   if (op == Op::Conv2d || op == Op::Conv2dGradInput || op == Op::Conv2dGradWeight) {
     return conv_layout(op, conv_geometry(op, args)).total * sizeof(float);
+  }
+  if (op == Op::FusedElementwise) {
+    const auto& program = std::get_if<FusedAttrs>(args.attrs)->program;
+    return (program.size() - 1) * static_cast<std::size_t>(fused_chunk) * sizeof(float);
   }
   return 0;
 }

@@ -1,0 +1,25 @@
+// The default pass pipeline, in the order it runs. Each name is what
+// CompileOptions::disable takes.
+#pragma once
+
+#include <array>
+
+#include "kiln/passes/eliminate_dead_nodes.hpp"
+#include "kiln/passes/fuse_elementwise.hpp"
+#include "kiln/passes/pass.hpp"
+
+namespace kiln {
+
+/// Cleanup first, so that equivalent graphs reach fusion in the same form; dead nodes go
+/// before fusion so that no group is grown around a value nobody needs.
+inline constexpr std::array default_pipeline = {
+    Pass{"dce", &eliminate_dead_nodes},
+    Pass{"fuse_elementwise", &fuse_elementwise},
+};
+
+/// Switches honoured by lowering rather than by a pass: "plan_memory" (share arena memory
+/// between buffers whose lifetimes do not overlap) and "inplace" (an update computed
+/// elementwise is written straight into the parameter it replaces).
+inline constexpr std::array<std::string_view, 2> lowering_switches = {"plan_memory", "inplace"};
+
+} // namespace kiln
