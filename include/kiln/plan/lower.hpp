@@ -46,6 +46,60 @@ inline bool can_update_in_place(const Graph& g, ValueId a, const std::vector<Val
   return true;
 }
 
+/// Chooses, for each elementwise step, an input whose memory it can take over: same type,
+/// arena-owned (not a graph input, a param or an output), and dead after this step, views of
+/// it included. Rewrites `root` (union-find parents) and returns how many steps reuse memory.
+inline std::int32_t reuse_dying_inputs(const Graph& g, const std::vector<int>& step_of, std::vector<ValueId>& root) {
+  const auto n = static_cast<std::size_t>(g.size());
+  const auto find = [&root](ValueId v) {
+    while (root[static_cast<std::size_t>(v)] != v) v = root[static_cast<std::size_t>(v)];
+    return v;
+  };
+  // The last step reading each value, directly or through its views.
+  std::vector<int> last_use(n, -1);
+  for (ValueId id = 0; id < g.size(); ++id)
+    for (ValueId in : g.node(id).inputs)
+      last_use[static_cast<std::size_t>(in)] = std::max(last_use[static_cast<std::size_t>(in)], step_of[static_cast<std::size_t>(id)]);
+  for (ValueId id = g.size() - 1; id >= 0; --id)
+    if (op_info(g.node(id).op).is_view) {
+      const auto src = static_cast<std::size_t>(g.node(id).inputs[0]);
+      last_use[src] = std::max(last_use[src], last_use[static_cast<std::size_t>(id)]);
+    }
+  std::vector<int> class_last(n, -1);
+  std::vector<bool> pinned(n, false); // inputs, params, outputs: memory that must survive
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const auto r = static_cast<std::size_t>(find(id));
+    class_last[r] = std::max(class_last[r], last_use[static_cast<std::size_t>(id)]);
+    const Op op = g.node(id).op;
+    if (op == Op::Input || op == Op::Param) pinned[r] = true;
+  }
+  for (ValueId o : g.outputs()) pinned[static_cast<std::size_t>(find(o))] = true;
+
+  std::int32_t reused = 0;
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const Node& node = g.node(id);
+    const int step = step_of[static_cast<std::size_t>(id)];
+    if (step < 0 || find(id) != id || (!op_info(node.op).is_elementwise && node.op != Op::FusedElementwise)) continue;
+    for (ValueId in : node.inputs) {
+      const ValueId r = find(in);
+      const Node& owner = g.node(r);
+      if (pinned[static_cast<std::size_t>(r)] || class_last[static_cast<std::size_t>(r)] != step ||
+          !(owner.type == node.type) || !(g.node(in).type == node.type))
+        continue;
+      // Every operand in that memory must be read at the output's own indices.
+      bool aligned = true;
+      for (ValueId other : node.inputs)
+        if (find(other) == r && !(g.node(other).type.shape == node.type.shape)) aligned = false;
+      if (!aligned) continue;
+      root[static_cast<std::size_t>(id)] = r;
+      class_last[static_cast<std::size_t>(r)] = std::max(class_last[static_cast<std::size_t>(r)], last_use[static_cast<std::size_t>(id)]);
+      ++reused;
+      break;
+    }
+  }
+  return reused;
+}
+
 } // namespace detail
 
 /// Lowers a verified graph for `backend`. Every node but inputs, params and views becomes
@@ -67,25 +121,38 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
         aliases ? root[static_cast<std::size_t>(node.inputs[0])] : id;
   }
 
+  const auto find = [&root](ValueId v) {
+    while (root[static_cast<std::size_t>(v)] != v) v = root[static_cast<std::size_t>(v)];
+    return v;
+  };
+
   // In-place updates: the source of such an assign lives in the param, and the assign
   // itself needs no step.
   std::vector<bool> elided(n, false);
   if (options.inplace_updates)
     for (ValueId id = 0; id < g.size(); ++id) {
       if (g.node(id).op != Op::Assign || !detail::can_update_in_place(g, id, root)) continue;
-      root[static_cast<std::size_t>(g.node(id).inputs[1])] = root[static_cast<std::size_t>(id)];
+      root[static_cast<std::size_t>(g.node(id).inputs[1])] = find(id);
       elided[static_cast<std::size_t>(id)] = true;
       ++plan.assigns_in_place;
     }
 
-  // Step index of each computing node, and the live range of each arena root.
+  // Step index of each computing node.
   std::vector<int> step_of(n, -1);
   int step_count = 0;
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& node = g.node(id);
-    if (node.op != Op::Input && node.op != Op::Param && !op_info(node.op).is_view && !elided[static_cast<std::size_t>(id)])
+    if (node.op != Op::Input && node.op != Op::Param && !op_info(node.op).is_view &&
+        !elided[static_cast<std::size_t>(id)])
       step_of[static_cast<std::size_t>(id)] = step_count++;
   }
+
+  // In-place activations: an elementwise kernel may write over a same-sized input that no
+  // later step reads (it reads element i of each input before writing element i).
+  if (options.inplace_updates) plan.activations_in_place = detail::reuse_dying_inputs(g, step_of, root);
+  for (ValueId id = 0; id < g.size(); ++id) root[static_cast<std::size_t>(id)] = find(id);
+
+  // The live range of each arena root.
   const int end = std::max(step_count - 1, 0);
   std::vector<int> first(n, -1), last(n, -1);
   for (ValueId id = 0; id < g.size(); ++id) {
@@ -121,6 +188,13 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
     request_root.push_back(id);
   }
   plan.memory = options.share_memory ? plan_memory(requests) : place_separately(requests);
+  // The yardstick: every value of this graph in a buffer of its own, nothing shared.
+  plan.memory.naive_bytes = 0;
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const Node& node = g.node(id);
+    if (node.op == Op::Param || node.op == Op::Assign || op_info(node.op).is_view) continue;
+    plan.memory.naive_bytes += align_up(static_cast<std::size_t>(node.type.shape.numel()) * dtype_size(node.type.dtype));
+  }
   const MemoryPlan& memory = plan.memory;
 
   std::vector<std::size_t> offset_of(n, 0);

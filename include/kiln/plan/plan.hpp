@@ -51,7 +51,8 @@ struct Plan {
   std::vector<BufferRef> values; ///< where each graph value lives, indexed by ValueId
   std::vector<ValueId> outputs;        ///< graph outputs, as numbered in the lowered graph
   std::vector<ValueId> output_origins; ///< the same outputs as numbered in the user's graph
-  std::int32_t assigns_in_place = 0;   ///< parameter updates written straight into the parameter
+  std::int32_t assigns_in_place = 0;     ///< parameter updates written straight into the parameter
+  std::int32_t activations_in_place = 0; ///< elementwise steps writing over a dying input
   std::vector<std::shared_ptr<Tensor>> params; ///< kept alive while the plan exists
   std::vector<BufferRequest> buffers;          ///< every arena buffer with its lifetime in steps
   MemoryPlan memory; ///< their offsets, the arena size, the unshared total

@@ -84,19 +84,16 @@ public:
     ++runs_;
   }
 
-  /// The elements of value `id` after the last run (an output, input or param).
+  /// The elements of graph output `id` (numbered as in the graph given to compile) after
+  /// the last run.
   [[nodiscard]] std::span<const float> output(ValueId id) const {
-    if (id < 0 || static_cast<std::size_t>(id) >= plan_.values.size())
-      fail(errc::not_found, "output: value %" + std::to_string(id) + " is not in the plan");
-    bool kept = false;
-    for (ValueId o : plan_.outputs) kept = kept || o == id;
-    const BufferRef& b = plan_.values[static_cast<std::size_t>(id)];
-    if (!kept && b.storage != BufferRef::Storage::param)
-      fail(errc::not_found,
-           "output: value %" + std::to_string(id) + " is not marked as a graph output");
-    if (b.dtype != DType::f32)
-      fail(errc::dtype, "output: value %" + std::to_string(id) + " is not f32");
-    return {view(b).f32(), static_cast<std::size_t>(b.shape.numel())};
+    for (std::size_t i = 0; i < plan_.output_origins.size(); ++i) {
+      if (plan_.output_origins[i] != id) continue;
+      const BufferRef& b = plan_.values[static_cast<std::size_t>(plan_.outputs[i])];
+      if (b.dtype != DType::f32) fail(errc::dtype, "output: value %" + std::to_string(id) + " is not f32");
+      return {view(b).f32(), static_cast<std::size_t>(b.shape.numel())};
+    }
+    fail(errc::not_found, "output: value %" + std::to_string(id) + " is not marked as a graph output");
   }
   [[nodiscard]] std::span<const float> output(Value v) const { return output(v.id); }
   /// The single element of a scalar output, e.g. the loss.

@@ -45,9 +45,9 @@ template <class D> struct HwyMath {
 };
 
 /// One contiguous row: a and b are either contiguous (kVecA/kVecB) or one broadcast scalar.
+/// `out` may be `a` or `b` (in-place steps): each element is read before it is written.
 template <Op op, bool kVecA, bool kVecB>
-void ElementwiseRow(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
-                    float* HWY_RESTRICT out, std::int64_t n, float scalar) {
+void ElementwiseRow(const float* a, const float* b, float* out, std::int64_t n, float scalar) {
   using Def = OpDef<op>;
   const hn::ScalableTag<float> d;
   const HwyMath<decltype(d)> m{d};
