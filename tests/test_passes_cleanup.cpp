@@ -2,12 +2,14 @@
 // each as IR text before and after, and as outputs computed with and without the pass.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
-#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "kiln/kiln.hpp"
@@ -52,8 +54,15 @@ std::vector<std::vector<float>> outputs_of(const kiln::Graph& g, int runs = 1) {
   std::vector<std::pair<std::shared_ptr<kiln::Tensor>, std::vector<float>>> saved;
   for (const kiln::Node& node : g.nodes())
     if (const auto* p = std::get_if<kiln::ParamAttrs>(&node.attrs))
-      saved.emplace_back(p->tensor, std::vector<float>(p->tensor->f32().begin(), p->tensor->f32().end()));
-  kiln::Executor exe = kiln::compile(g, {.threads = 1});
+      saved.emplace_back(p->tensor,
+                         std::vector<float>(p->tensor->f32().begin(), p->tensor->f32().end()));
+  // Once the default pipeline runs the cleanup passes, "without the pass" must still mean
+  // without them.
+  kiln::CompileOptions options{.threads = 1};
+  for (const kiln::Pass& pass : kiln::default_pipeline)
+    if (pass.name == "cse" || pass.name == "fold" || pass.name == "canonicalize")
+      options.disable.emplace_back(pass.name);
+  kiln::Executor exe = kiln::compile(g, options);
   for (const kiln::Node& node : g.nodes()) {
     const auto* in = std::get_if<kiln::InputAttrs>(&node.attrs);
     if (!in) continue;
@@ -61,7 +70,9 @@ std::vector<std::vector<float>> outputs_of(const kiln::Graph& g, int runs = 1) {
     const auto count = static_cast<std::size_t>(node.type.shape.numel());
     if (node.type.dtype == kiln::i32) {
       std::vector<std::int32_t> labels(count);
-      for (auto& l : labels) l = static_cast<std::int32_t>(rng.below(in->label_classes > 0 ? static_cast<std::uint64_t>(in->label_classes) : 2));
+      for (auto& l : labels)
+        l = static_cast<std::int32_t>(
+            rng.below(in->label_classes > 0 ? static_cast<std::uint64_t>(in->label_classes) : 2));
       exe.set_input(in->name, labels);
     } else {
       std::vector<float> values(count);
@@ -99,8 +110,8 @@ void check_close(const std::vector<std::vector<float>>& expected,
 }
 
 /// The graph computes the same after `passes` as before (run on a copy: params are shared).
-void check_same_outputs(const kiln::Graph& g, std::initializer_list<kiln::PassFn> passes, int runs = 1,
-                        double epsilon = 1e-5) {
+void check_same_outputs(const kiln::Graph& g, std::initializer_list<kiln::PassFn> passes,
+                        int runs = 1, double epsilon = 1e-5) {
   const auto expected = outputs_of(g, runs);
   auto copy = g.clone();
   run(*copy, passes);
@@ -297,7 +308,8 @@ TEST_CASE("fold: every elementwise op folds to what its kernel computes") {
     kiln::Graph g;
     // Positive values keep log, sqrt and rsqrt defined; relu_grad takes equal shapes.
     const Shape second = op == kiln::Op::ReluGrad ? Shape{2, 3} : Shape{3};
-    const bool full_first = (info.arity == 1 && op != kiln::Op::BroadcastTo) || op == kiln::Op::ReluGrad;
+    const bool full_first =
+        (info.arity == 1 && op != kiln::Op::BroadcastTo) || op == kiln::Op::ReluGrad;
     auto a = kiln::fill(g, full_first ? Shape{2, 3} : Shape{3}, 0.7f);
     auto b = kiln::fill(g, second, 1.3f);
     kiln::Attrs attrs = kiln::NoAttrs{};
@@ -377,11 +389,11 @@ TEST_CASE("canonicalize: reshape chains, division by one, one-constant overflow"
 
   kiln::PassContext ctx;
   CHECK(kiln::canonicalize(g, ctx).stats == Stats{{"identities_removed", 1},
-                                                   {"scalars_formed", 0},
-                                                   {"scalars_combined", 0},
-                                                   {"negations_folded", 0},
-                                                   {"operands_ordered", 0},
-                                                   {"reshapes_combined", 1}});
+                                                  {"scalars_formed", 0},
+                                                  {"scalars_combined", 0},
+                                                  {"negations_folded", 0},
+                                                  {"operands_ordered", 0},
+                                                  {"reshapes_combined", 1}});
   CHECK(kiln::to_text(g) == "%0 = input \"x\" : f32[2,3]\n"
                             "%1 = reshape(%0) {shape=[6]} : f32[6]\n"
                             "%2 = fill {value=1, shape=[]} : f32[]\n"
@@ -483,8 +495,8 @@ TEST_CASE("canonicalize then cse: a+b and b+a, x*2*3 and x*6, 1-w spelled two wa
   g.mark_output(kiln::mul_scalar(a, 6.0f));
   g.mark_output(kiln::fill(g, {}, 1.0f) - w);
   g.mark_output(kiln::add_scalar(kiln::neg(w), 1.0f));
-  check_same_outputs(g, {kiln::canonicalize, kiln::eliminate_common_subexpressions,
-                         kiln::eliminate_dead_nodes});
+  check_same_outputs(
+      g, {kiln::canonicalize, kiln::eliminate_common_subexpressions, kiln::eliminate_dead_nodes});
   run(g, {kiln::canonicalize, kiln::eliminate_common_subexpressions, kiln::eliminate_dead_nodes});
   CHECK(kiln::to_text(g) == "%0 = input \"a\" : f32[2,3]\n"
                             "%1 = input \"b\" : f32[2,3]\n"
@@ -511,8 +523,8 @@ TEST_CASE("canonicalize: no rewrite moves a read of a param's storage across its
   g.mark_output(kiln::mul_scalar(scaled, 3.0f));
   g.mark_output(copy);
   const std::string before = kiln::to_text(g);
-  check_same_outputs(g, {kiln::canonicalize, kiln::eliminate_common_subexpressions,
-                         kiln::eliminate_dead_nodes});
+  check_same_outputs(
+      g, {kiln::canonicalize, kiln::eliminate_common_subexpressions, kiln::eliminate_dead_nodes});
   kiln::PassContext ctx;
   CHECK(!kiln::canonicalize(g, ctx).changed);
   CHECK(kiln::to_text(g) == before);
@@ -545,8 +557,8 @@ TEST_CASE("canonicalize, cse and dead-node elimination on the two spellings of a
     CAPTURE(static_cast<int>(form));
     kiln::Graph g;
     build(g, form);
-    check_same_outputs(g, {kiln::canonicalize, kiln::eliminate_common_subexpressions,
-                           kiln::eliminate_dead_nodes});
+    check_same_outputs(
+        g, {kiln::canonicalize, kiln::eliminate_common_subexpressions, kiln::eliminate_dead_nodes});
     run(g, {kiln::canonicalize, kiln::eliminate_common_subexpressions, kiln::eliminate_dead_nodes});
     texts.push_back(kiln::to_text(g));
     counts.push_back(computing_nodes(g));
@@ -608,14 +620,15 @@ TEST_CASE("cleanup passes keep training steps computing the same loss and update
                              kiln::optim::Adam{.lr = 0.01f, .weight_decay = 0.01f});
       check_same_outputs(g, fold_canonicalize_cse, 3, 1e-4);
     } else {
-      kiln::nn::Sequential net{kiln::nn::Conv2d(1, 4, 3, 1, 1), kiln::nn::BatchNorm2d(4),
-                               kiln::nn::ReLU(),                kiln::nn::MaxPool2d(2),
-                               kiln::nn::Dropout(0.25f),        kiln::nn::Flatten(),
-                               kiln::nn::Linear(4 * 3 * 3, 2)};
+      kiln::nn::Sequential net{
+          kiln::nn::Conv2d(1, 4, 3, 1, 1), kiln::nn::BatchNorm2d(4), kiln::nn::ReLU(),
+          kiln::nn::MaxPool2d(2),          kiln::nn::Dropout(0.25f), kiln::nn::Flatten(),
+          kiln::nn::Linear(4 * 3 * 3, 2)};
       auto x = g.input("x", {4, 1, 6, 6});
       auto y = g.input("y", {4}, kiln::i32);
-      (void)kiln::train_step(kiln::softmax_cross_entropy(net(x), y), net.parameters(),
-                             kiln::optim::SGD{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f});
+      (void)kiln::train_step(
+          kiln::softmax_cross_entropy(net(x), y), net.parameters(),
+          kiln::optim::SGD{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f});
       check_same_outputs(g, fold_canonicalize_cse, 3, 1e-4);
     }
     auto copy = g.clone();

@@ -156,6 +156,23 @@ private:
   std::vector<ValueId> outputs_;
 };
 
+/// True for nodes whose effect is not their value: they must stay even when nobody reads them.
+inline bool has_side_effect(const Node& n) {
+  if (n.op == Op::Assign) return true;
+  const auto* fused = std::get_if<FusedAttrs>(&n.attrs);
+  return fused && !fused->stores.empty();
+}
+
+/// The params a node overwrites: an assign's target, a fused node's store targets.
+inline std::vector<ValueId> assigned_params(const Node& n) {
+  std::vector<ValueId> targets;
+  if (n.op == Op::Assign) targets.push_back(n.inputs[0]);
+  if (const auto* fused = std::get_if<FusedAttrs>(&n.attrs))
+    for (const FusedStore& s : fused->stores)
+      targets.push_back(n.inputs[static_cast<std::size_t>(s.input)]);
+  return targets;
+}
+
 inline const Node& Value::node() const {
   if (!valid()) fail(errc::argument, "use of an empty kiln::Value");
   return graph->node(id);

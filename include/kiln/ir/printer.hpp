@@ -44,15 +44,20 @@ inline std::string attr_text(const DropoutAttrs& a) {
   return " {p=" + float_text(a.p) + ", seed=" + std::to_string(a.seed) + "}";
 }
 inline std::string attr_text(const FusedAttrs& a) {
-  const auto operand = [](int v) { return v < 0 ? "in" + std::to_string(-(v + 1)) : "t" + std::to_string(v); };
+  const auto operand = [](int v) {
+    return v < 0 ? "in" + std::to_string(-(v + 1)) : "t" + std::to_string(v);
+  };
   std::string s = " {";
   for (std::size_t i = 0; i < a.program.size(); ++i) {
     const FusedInstruction& f = a.program[i];
-    s += (i ? "; t" : "t") + std::to_string(i) + "=" + std::string(op_name(f.op)) + "(" + operand(f.a);
+    s += (i ? "; t" : "t") + std::to_string(i) + "=" + std::string(op_name(f.op)) + "(" +
+         operand(f.a);
     if (f.b != f.a) s += ", " + operand(f.b);
     if (f.op == Op::MulScalar || f.op == Op::AddScalar) s += ", " + float_text(f.scalar);
     s += ")";
   }
+  for (const FusedStore& st : a.stores)
+    s += "; store t" + std::to_string(st.step) + " -> in" + std::to_string(st.input);
   return s + "}";
 }
 } // namespace detail

@@ -34,11 +34,11 @@ inline void verify(const Graph& g) {
       fail(errc::shape, "node %" + std::to_string(id) + " " + std::string(op_name(n.op)) +
                             ": recorded type " + type_text(n.type) + " but its inputs give " +
                             type_text(t));
-    if (n.op == Op::Assign) {
-      if (assigned[static_cast<std::size_t>(n.inputs[0])])
-        fail(errc::graph, "node %" + std::to_string(id) + ": param %" +
-                              std::to_string(n.inputs[0]) + " is assigned twice");
-      assigned[static_cast<std::size_t>(n.inputs[0])] = true;
+    for (ValueId target : assigned_params(n)) {
+      if (assigned[static_cast<std::size_t>(target)])
+        fail(errc::graph, "node %" + std::to_string(id) + ": param %" + std::to_string(target) +
+                              " is assigned twice");
+      assigned[static_cast<std::size_t>(target)] = true;
     }
   }
   for (ValueId o : g.outputs())

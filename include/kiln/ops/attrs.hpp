@@ -100,11 +100,21 @@ struct FusedInstruction {
   friend bool operator==(const FusedInstruction&, const FusedInstruction&) = default;
 };
 
+/// A fused result that is also written into a param input: `step`'s value goes to input
+/// `input` (which has the fused shape). It replaces an assign, e.g. a momentum buffer's
+/// update computed on the way to the weight's.
+struct FusedStore {
+  std::int8_t step = 0;
+  std::int8_t input = 0;
+  friend bool operator==(const FusedStore&, const FusedStore&) = default;
+};
+
 /// A chain of elementwise ops run as one kernel, element by element, over `shape`; the
 /// last instruction's result is the output. Inputs broadcast to `shape`.
 struct FusedAttrs {
   std::vector<FusedInstruction> program;
   Shape shape;
+  std::vector<FusedStore> stores;
   friend bool operator==(const FusedAttrs&, const FusedAttrs&) = default;
 };
 

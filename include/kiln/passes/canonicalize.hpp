@@ -21,12 +21,12 @@ namespace detail {
 
 /// The rule families of canonicalize, each with its own counter in the pass's stats.
 enum class CanonicalRule : std::uint8_t {
-  identity,  ///< x*1, x+0, x-0, x/1, neg(neg x), relu(relu x), same-shape reshape -> x
-  scalar,    ///< x op fill c -> x op_scalar c
-  combine,   ///< chains of mul_scalar, of add_scalar -> one node
-  negation,  ///< negations move into scalars and subtractions: a+(-b) -> a-b, (-x)*s -> x*(-s)
-  operands,  ///< add and mul take the smaller value id first
-  reshapes,  ///< reshape(reshape x) -> one reshape
+  identity, ///< x*1, x+0, x-0, x/1, neg(neg x), relu(relu x), same-shape reshape -> x
+  scalar,   ///< x op fill c -> x op_scalar c
+  combine,  ///< chains of mul_scalar, of add_scalar -> one node
+  negation, ///< negations move into scalars and subtractions: a+(-b) -> a-b, (-x)*s -> x*(-s)
+  operands, ///< add and mul take the smaller value id first
+  reshapes, ///< reshape(reshape x) -> one reshape
 };
 
 inline constexpr std::array<const char*, 6> canonical_rule_stat = {
@@ -64,9 +64,9 @@ private:
       if (!step(node, replacement)) break;
       if (replacement >= 0) return replacement;
     }
-    const ValueId overwritten =
-        op_info(node.op).is_view ? overwritten_[static_cast<std::size_t>(node.inputs[0])]
-                                 : never_overwritten;
+    const ValueId overwritten = op_info(node.op).is_view
+                                    ? overwritten_[static_cast<std::size_t>(node.inputs[0])]
+                                    : never_overwritten;
     return push(std::move(node), overwritten);
   }
 
@@ -84,8 +84,9 @@ private:
   }
   static float scalar(const Node& n) { return std::get<ScalarAttrs>(n.attrs).value; }
 
-  /// A node at the current position may read `v` if no assign overwrites v's storage before
-  /// it: the node it replaces may have read v earlier, before the write.
+  /// A node at the current position may read `v` if nothing (an assign, a fused store)
+  /// overwrites v's storage before it: the node it replaces may have read v earlier, before
+  /// the write.
   [[nodiscard]] bool readable(ValueId v) const {
     return position_ < overwritten_[static_cast<std::size_t>(v)];
   }
@@ -125,11 +126,11 @@ private:
       const Node p = at(in(0));
       if (s == 1.0f && becomes(in(0), node, replacement, R::identity)) return true;
       if (s == -1.0f) return rewrite(node, Op::Neg, {in(0)}, NoAttrs{}, R::negation);
-      // Only when the one factor neither overflows nor loses precision as a subnormal: the
-      // two steps might not.
+      // Only when the one factor neither overflows, underflows nor is zero: the two steps
+      // might not (e.g. (x*a)*0 is NaN where x*a overflowed).
       if (p.op == Op::MulScalar) {
         const float f = scalar(p) * s;
-        if (std::isnormal(f) || (f == 0.0f && (scalar(p) == 0.0f || s == 0.0f)))
+        if (std::isnormal(f))
           return rewrite(node, Op::MulScalar, {p.inputs[0]}, ScalarAttrs{f}, R::combine);
       }
       if (p.op == Op::Neg)
@@ -177,9 +178,9 @@ private:
       }
       if (is_add)
         for (std::size_t side = 0; side < 2; ++side)
-          if (const Node p = at(in(side)); p.op == Op::Neg &&
-                                           rewrite(node, Op::Sub, {in(1 - side), p.inputs[0]},
-                                                   NoAttrs{}, R::negation))
+          if (const Node p = at(in(side));
+              p.op == Op::Neg &&
+              rewrite(node, Op::Sub, {in(1 - side), p.inputs[0]}, NoAttrs{}, R::negation))
             return true;
       if (in(0) > in(1)) {
         std::swap(node.inputs[0], node.inputs[1]);
@@ -236,8 +237,8 @@ private:
 ///   scalars: x*fill c, fill c*x -> mul_scalar(x, c); x+fill c -> add_scalar(x, c);
 ///     x-fill c -> add_scalar(x, -c); fill c-x -> add_scalar(neg x, c);
 ///   combining: mul_scalar(mul_scalar(x, a), b) -> mul_scalar(x, a*b) and likewise
-///     add_scalar (a*b, a+b rounded once: not bit-exact; skipped when that one constant
-///     overflows, or a*b underflows); reshape(reshape x) -> reshape x;
+///     add_scalar (a*b, a+b rounded once: not bit-exact; skipped when a+b overflows or a*b
+///     is not a normal number); reshape(reshape x) -> reshape x;
 ///   negations: mul_scalar(x, -1) -> neg x; mul_scalar(neg x, s), neg(mul_scalar(x, s))
 ///     -> mul_scalar(x, -s); a+neg b, neg b+a -> a-b; a-neg b -> a+b;
 ///   operand order: add and mul read the smaller value id first.

@@ -23,14 +23,14 @@ namespace detail {
 /// overwritten_at() of a value no assign writes.
 inline constexpr ValueId never_overwritten = std::numeric_limits<ValueId>::max();
 
-/// For every value, the position of the assign that overwrites its storage, else
-/// never_overwritten. A param and the views of it hold the old contents before that assign
-/// and the new ones after, so a rewrite must not move a read of them across it (the verifier
-/// only catches direct reads of the param, not reads through a view).
+/// For every value, the position of the node (an assign, a fused store) that overwrites its
+/// storage, else never_overwritten. A param and the views of it hold the old contents before
+/// that node and the new ones after, so a rewrite must not move a read of them across it (the
+/// verifier only catches direct reads of the param, not reads through a view).
 inline std::vector<ValueId> overwritten_at(const Graph& g) {
   std::vector<ValueId> at(static_cast<std::size_t>(g.size()), never_overwritten);
   for (ValueId id = 0; id < g.size(); ++id)
-    if (g.node(id).op == Op::Assign) at[static_cast<std::size_t>(g.node(id).inputs[0])] = id;
+    for (ValueId param : assigned_params(g.node(id))) at[static_cast<std::size_t>(param)] = id;
   for (ValueId id = 0; id < g.size(); ++id)
     if (op_info(g.node(id).op).is_view)
       at[static_cast<std::size_t>(id)] = at[static_cast<std::size_t>(g.node(id).inputs[0])];
@@ -58,12 +58,17 @@ inline std::size_t hash_attrs(const Attrs& attrs) {
       [&](const auto& a) -> std::size_t {
         using A = std::decay_t<decltype(a)>;
         const std::size_t h = attrs.index();
-        if constexpr (std::is_same_v<A, ScalarAttrs>) return hash_mix(h, f(a.value));
-        else if constexpr (std::is_same_v<A, ShapeAttrs>) return hash_shape(h, a.shape);
-        else if constexpr (std::is_same_v<A, FillAttrs>) return hash_shape(hash_mix(h, f(a.value)), a.shape);
+        if constexpr (std::is_same_v<A, ScalarAttrs>)
+          return hash_mix(h, f(a.value));
+        else if constexpr (std::is_same_v<A, ShapeAttrs>)
+          return hash_shape(h, a.shape);
+        else if constexpr (std::is_same_v<A, FillAttrs>)
+          return hash_shape(hash_mix(h, f(a.value)), a.shape);
         else if constexpr (std::is_same_v<A, DropoutAttrs>)
-          return hash_shape(hash_mix(hash_mix(h, f(a.p)), std::hash<std::uint64_t>{}(a.seed)), a.shape);
-        else return h;
+          return hash_shape(hash_mix(hash_mix(h, f(a.p)), std::hash<std::uint64_t>{}(a.seed)),
+                            a.shape);
+        else
+          return h;
       },
       attrs);
 }
@@ -89,10 +94,10 @@ struct CseKeyHash {
 
 /// Merges each node into the first earlier node with the same op, the same inputs (after
 /// earlier merges, in either order for add and mul) and equal attributes: its uses read the
-/// earlier value. Inputs and params stay distinct (they are values by identity) and assigns
-/// stay (their effect is the point); dropout_mask is a pure function of its attributes and
-/// the run counter, so equal masks merge. Two reads of a param's storage on either side of
-/// its assign see different contents and are not merged. Expected O(n) with hashing.
+/// earlier value. Inputs and params stay distinct (they are values by identity) and nodes
+/// with side effects (assigns, fused stores) stay; dropout_mask is a pure function of its
+/// attributes and the run counter, so equal masks merge. Two reads of a param's storage on either
+/// side of its assign see different contents and are not merged. Expected O(n) with hashing.
 inline PassResult eliminate_common_subexpressions(Graph& g, PassContext&) {
   const auto n = static_cast<std::size_t>(g.size());
   const std::vector<ValueId> overwritten = detail::overwritten_at(g);
@@ -103,12 +108,13 @@ inline PassResult eliminate_common_subexpressions(Graph& g, PassContext&) {
   std::int64_t merged = 0;
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& node = g.node(id);
-    if (node.op == Op::Input || node.op == Op::Param || node.op == Op::Assign) continue;
+    if (node.op == Op::Input || node.op == Op::Param || has_side_effect(node)) continue;
     detail::CseKey key{node.op, {}, 0, detail::hash_attrs(node.attrs)};
     for (ValueId in : node.inputs) key.inputs.push_back(forward[static_cast<std::size_t>(in)]);
     if (detail::is_commutative(node.op)) std::sort(key.inputs.begin(), key.inputs.end());
     for (std::size_t i = 0; i < key.inputs.size(); ++i)
-      if (id > overwritten[static_cast<std::size_t>(key.inputs[i])]) key.reads_after_assign |= 1u << i;
+      if (id > overwritten[static_cast<std::size_t>(key.inputs[i])])
+        key.reads_after_assign |= 1u << i;
     std::vector<ValueId>& same = seen[std::move(key)];
     const auto match = std::find_if(same.begin(), same.end(), [&](ValueId earlier) {
       return g.node(earlier).attrs == node.attrs && g.node(earlier).type == node.type;

@@ -16,18 +16,23 @@ namespace detail {
 /// A fusion group: member ids ascending; the last one is the root whose value leaves.
 struct FusionGroup {
   std::vector<ValueId> members;
+  std::vector<std::pair<ValueId, ValueId>> stores; ///< (member, the assign it absorbs)
 };
 
 inline bool fusable(const Node& n) { return op_info(n.op).is_elementwise; }
 
 /// The inputs a group reads from outside itself, in order of first use.
-inline std::vector<ValueId> external_inputs(const Graph& g, const std::vector<ValueId>& members,
-                                            const std::vector<int>& group_of, int group) {
+inline std::vector<ValueId> external_inputs(const Graph& g, const FusionGroup& group,
+                                            const std::vector<int>& group_of, int gid) {
   std::vector<ValueId> ext;
-  for (ValueId m : members)
-    for (ValueId in : g.node(m).inputs)
-      if (group_of[static_cast<std::size_t>(in)] != group && std::find(ext.begin(), ext.end(), in) == ext.end())
-        ext.push_back(in);
+  const auto add = [&](ValueId v) {
+    if (group_of[static_cast<std::size_t>(v)] != gid &&
+        std::find(ext.begin(), ext.end(), v) == ext.end())
+      ext.push_back(v);
+  };
+  for (ValueId m : group.members)
+    for (ValueId in : g.node(m).inputs) add(in);
+  for (const auto& [member, assign] : group.stores) add(g.node(assign).inputs[0]);
   return ext;
 }
 
@@ -37,7 +42,10 @@ inline std::vector<ValueId> external_inputs(const Graph& g, const std::vector<Va
 /// each elementwise producer whose value is read only inside the group, is not a graph
 /// output, and has the group's full shape (a smaller, broadcast producer would be
 /// recomputed for every element). Groups of two or more become one fused_elementwise node.
-/// Every decision goes to ctx.report.fusion.
+/// A producer whose value is also assigned to a param joins too when nothing after the
+/// fused kernel reads that param: the kernel then stores the value into it (so an SGD
+/// momentum update and the weight update it feeds run as one kernel). Every decision goes
+/// to ctx.report.fusion.
 inline PassResult fuse_elementwise(Graph& g, PassContext& ctx) {
   const auto n = static_cast<std::size_t>(g.size());
   const auto users = consumers(g);
@@ -54,7 +62,7 @@ inline PassResult fuse_elementwise(Graph& g, PassContext& ctx) {
   for (ValueId root = g.size() - 1; root >= 0; --root) {
     if (group_of[static_cast<std::size_t>(root)] >= 0 || !detail::fusable(g.node(root))) continue;
     const int gid = static_cast<int>(groups.size());
-    groups.push_back({{root}});
+    groups.push_back({{root}, {}});
     group_of[static_cast<std::size_t>(root)] = gid;
     const Shape shape = g.node(root).type.shape;
     std::vector<ValueId> pending{root};
@@ -64,7 +72,8 @@ inline PassResult fuse_elementwise(Graph& g, PassContext& ctx) {
       for (ValueId p : g.node(member).inputs) {
         const auto pu = static_cast<std::size_t>(p);
         const Node& pn = g.node(p);
-        if (group_of[pu] == gid || pn.op == Op::Input || pn.op == Op::Param || pn.op == Op::Fill) continue;
+        if (group_of[pu] == gid || pn.op == Op::Input || pn.op == Op::Param || pn.op == Op::Fill)
+          continue;
         if (!detail::fusable(pn)) {
           decide(p, member, FusionReason::not_fusable);
           continue;
@@ -77,8 +86,17 @@ inline PassResult fuse_elementwise(Graph& g, PassContext& ctx) {
           decide(p, member, FusionReason::graph_output);
           continue;
         }
+        // Readers outside the group are allowed only as assigns the kernel can take over.
+        std::vector<ValueId> absorbed;
         const bool all_inside = std::all_of(users[pu].begin(), users[pu].end(), [&](ValueId u) {
-          return group_of[static_cast<std::size_t>(u)] == gid;
+          if (group_of[static_cast<std::size_t>(u)] == gid) return true;
+          const Node& un = g.node(u);
+          if (un.op != Op::Assign || un.inputs[1] != p || g.node(un.inputs[0]).op != Op::Param)
+            return false;
+          for (ValueId reader : users[static_cast<std::size_t>(un.inputs[0])])
+            if (reader != u && reader > root) return false;
+          absorbed.push_back(u);
+          return true;
         });
         if (!all_inside) {
           decide(p, member, FusionReason::several_consumers);
@@ -89,10 +107,13 @@ inline PassResult fuse_elementwise(Graph& g, PassContext& ctx) {
           continue;
         }
         group_of[pu] = gid;
-        auto& members = groups[static_cast<std::size_t>(gid)].members;
-        members.push_back(p);
-        if (detail::external_inputs(g, members, group_of, gid).size() > static_cast<std::size_t>(max_op_inputs)) {
-          members.pop_back();
+        auto& group = groups[static_cast<std::size_t>(gid)];
+        group.members.push_back(p);
+        for (ValueId a : absorbed) group.stores.emplace_back(p, a);
+        if (detail::external_inputs(g, group, group_of, gid).size() >
+            static_cast<std::size_t>(max_op_inputs)) {
+          group.members.pop_back();
+          group.stores.resize(group.stores.size() - absorbed.size());
           group_of[pu] = -1;
           decide(p, member, FusionReason::too_many_inputs);
           continue;
@@ -112,7 +133,8 @@ inline PassResult fuse_elementwise(Graph& g, PassContext& ctx) {
     if (members.size() < 2) continue;
     std::sort(members.begin(), members.end());
     const ValueId root = members.back();
-    const std::vector<ValueId> ext = detail::external_inputs(g, members, group_of, static_cast<int>(gid));
+    const std::vector<ValueId> ext =
+        detail::external_inputs(g, groups[gid], group_of, static_cast<int>(gid));
     FusedAttrs attrs;
     attrs.shape = g.node(root).type.shape;
     const auto operand = [&](ValueId v) -> std::int8_t {
@@ -130,7 +152,15 @@ inline PassResult fuse_elementwise(Graph& g, PassContext& ctx) {
       attrs.program.push_back(f);
       keep[static_cast<std::size_t>(m)] = m == root;
     }
-    replacement[static_cast<std::size_t>(root)] = Node{Op::FusedElementwise, ext, attrs, g.node(root).type};
+    for (const auto& [member, assign] : groups[gid].stores) {
+      attrs.stores.push_back({operand(member), operand(g.node(assign).inputs[0])});
+      const auto input = static_cast<std::size_t>(-(attrs.stores.back().input + 1));
+      attrs.stores.back().input = static_cast<std::int8_t>(input);
+      keep[static_cast<std::size_t>(assign)] = false;
+      result.count("assigns_absorbed");
+    }
+    replacement[static_cast<std::size_t>(root)] =
+        Node{Op::FusedElementwise, ext, attrs, g.node(root).type};
     replaced[static_cast<std::size_t>(root)] = true;
     result.count("groups");
     result.count("nodes_fused", static_cast<std::int64_t>(members.size()));

@@ -46,17 +46,19 @@ struct PassRecord {
 
 /// Why the fusion pass did or did not merge a producer into a consumer (stable codes).
 enum class FusionReason : std::uint8_t {
-  fused,               ///< merged into the consumer's kernel
-  several_consumers,   ///< its value is also read elsewhere: fusing would compute it twice
-  graph_output,        ///< the user reads it after the run
-  would_duplicate_work, ///< it is broadcast into a larger consumer: fusing recomputes it per element
-  not_fusable,         ///< the producer is not an elementwise op (anchor, reduction, source)
-  too_many_inputs,     ///< the fused kernel would read more tensors than a kernel takes
+  fused,                ///< merged into the consumer's kernel
+  several_consumers,    ///< its value is also read elsewhere: fusing would compute it twice
+  graph_output,         ///< the user reads it after the run
+  would_duplicate_work, ///< it is broadcast into a larger consumer: fusing recomputes it per
+                        ///< element
+  not_fusable,          ///< the producer is not an elementwise op (anchor, reduction, source)
+  too_many_inputs,      ///< the fused kernel would read more tensors than a kernel takes
 };
 
 constexpr std::string_view fusion_reason_name(FusionReason r) {
-  constexpr std::string_view names[] = {"fused",       "several_consumers", "graph_output", "would_duplicate_work",
-                                        "not_fusable", "too_many_inputs"};
+  constexpr std::string_view names[] = {"fused",        "several_consumers",
+                                        "graph_output", "would_duplicate_work",
+                                        "not_fusable",  "too_many_inputs"};
   return names[static_cast<std::size_t>(r)];
 }
 
@@ -122,7 +124,8 @@ inline void run_passes(Graph& g, std::span<const Pass> pipeline, PassContext& ct
     if (ctx.enabled(p.name)) {
       const auto t0 = std::chrono::steady_clock::now();
       PassResult r = p.run(g, ctx);
-      record.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      record.milliseconds =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       record.ran = true;
       record.changed = r.changed;
       record.stats = std::move(r.stats);

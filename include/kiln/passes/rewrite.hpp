@@ -15,13 +15,11 @@ inline std::vector<std::vector<ValueId>> consumers(const Graph& g) {
   return users;
 }
 
-/// True for nodes whose effect is not their value: they must stay even when nobody reads them.
-inline bool has_side_effect(const Node& n) { return n.op == Op::Assign; }
-
 /// Rebuilds the graph from the nodes with keep[id] set, in order. `forward[id]` may redirect
 /// a value to another (kept) value first, e.g. a duplicate to its original. Returns how many
 /// nodes were dropped.
-inline std::int32_t compact(Graph& g, const std::vector<bool>& keep, std::vector<ValueId> forward = {}) {
+inline std::int32_t compact(Graph& g, const std::vector<bool>& keep,
+                            std::vector<ValueId> forward = {}) {
   const auto n = static_cast<std::size_t>(g.size());
   if (forward.empty()) {
     forward.resize(n);
@@ -33,12 +31,14 @@ inline std::int32_t compact(Graph& g, const std::vector<bool>& keep, std::vector
   for (std::size_t i = 0; i < n; ++i) {
     if (!keep[i]) continue;
     Node node = g.node(static_cast<ValueId>(i));
-    for (ValueId& in : node.inputs) in = new_id[static_cast<std::size_t>(forward[static_cast<std::size_t>(in)])];
+    for (ValueId& in : node.inputs)
+      in = new_id[static_cast<std::size_t>(forward[static_cast<std::size_t>(in)])];
     new_id[i] = static_cast<ValueId>(nodes.size());
     nodes.push_back(std::move(node));
   }
   std::vector<ValueId> outputs;
-  for (ValueId o : g.outputs()) outputs.push_back(new_id[static_cast<std::size_t>(forward[static_cast<std::size_t>(o)])]);
+  for (ValueId o : g.outputs())
+    outputs.push_back(new_id[static_cast<std::size_t>(forward[static_cast<std::size_t>(o)])]);
   const auto dropped = static_cast<std::int32_t>(n - nodes.size());
   g.reset(std::move(nodes), std::move(outputs));
   return dropped;

@@ -39,7 +39,9 @@ inline bool can_update_in_place(const Graph& g, ValueId a, const std::vector<Val
   if (root[static_cast<std::size_t>(source)] != source) return false;
   if (!op_info(producer.op).is_elementwise && producer.op != Op::FusedElementwise) return false;
   for (ValueId in : producer.inputs)
-    if (root[static_cast<std::size_t>(in)] == target && !(g.node(in).type.shape == producer.type.shape)) return false;
+    if (root[static_cast<std::size_t>(in)] == target &&
+        !(g.node(in).type.shape == producer.type.shape))
+      return false;
   for (ValueId k = source + 1; k < a; ++k)
     for (ValueId in : g.node(k).inputs)
       if (root[static_cast<std::size_t>(in)] == target) return false;
@@ -49,7 +51,8 @@ inline bool can_update_in_place(const Graph& g, ValueId a, const std::vector<Val
 /// Chooses, for each elementwise step, an input whose memory it can take over: same type,
 /// arena-owned (not a graph input, a param or an output), and dead after this step, views of
 /// it included. Rewrites `root` (union-find parents) and returns how many steps reuse memory.
-inline std::int32_t reuse_dying_inputs(const Graph& g, const std::vector<int>& step_of, std::vector<ValueId>& root) {
+inline std::int32_t reuse_dying_inputs(const Graph& g, const std::vector<int>& step_of,
+                                       std::vector<ValueId>& root) {
   const auto n = static_cast<std::size_t>(g.size());
   const auto find = [&root](ValueId v) {
     while (root[static_cast<std::size_t>(v)] != v) v = root[static_cast<std::size_t>(v)];
@@ -59,7 +62,8 @@ inline std::int32_t reuse_dying_inputs(const Graph& g, const std::vector<int>& s
   std::vector<int> last_use(n, -1);
   for (ValueId id = 0; id < g.size(); ++id)
     for (ValueId in : g.node(id).inputs)
-      last_use[static_cast<std::size_t>(in)] = std::max(last_use[static_cast<std::size_t>(in)], step_of[static_cast<std::size_t>(id)]);
+      last_use[static_cast<std::size_t>(in)] =
+          std::max(last_use[static_cast<std::size_t>(in)], step_of[static_cast<std::size_t>(id)]);
   for (ValueId id = g.size() - 1; id >= 0; --id)
     if (op_info(g.node(id).op).is_view) {
       const auto src = static_cast<std::size_t>(g.node(id).inputs[0]);
@@ -79,7 +83,9 @@ inline std::int32_t reuse_dying_inputs(const Graph& g, const std::vector<int>& s
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& node = g.node(id);
     const int step = step_of[static_cast<std::size_t>(id)];
-    if (step < 0 || find(id) != id || (!op_info(node.op).is_elementwise && node.op != Op::FusedElementwise)) continue;
+    if (step < 0 || find(id) != id ||
+        (!op_info(node.op).is_elementwise && node.op != Op::FusedElementwise))
+      continue;
     for (ValueId in : node.inputs) {
       const ValueId r = find(in);
       const Node& owner = g.node(r);
@@ -92,7 +98,8 @@ inline std::int32_t reuse_dying_inputs(const Graph& g, const std::vector<int>& s
         if (find(other) == r && !(g.node(other).type.shape == node.type.shape)) aligned = false;
       if (!aligned) continue;
       root[static_cast<std::size_t>(id)] = r;
-      class_last[static_cast<std::size_t>(r)] = std::max(class_last[static_cast<std::size_t>(r)], last_use[static_cast<std::size_t>(id)]);
+      class_last[static_cast<std::size_t>(r)] =
+          std::max(class_last[static_cast<std::size_t>(r)], last_use[static_cast<std::size_t>(id)]);
       ++reused;
       break;
     }
@@ -149,7 +156,8 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
 
   // In-place activations: an elementwise kernel may write over a same-sized input that no
   // later step reads (it reads element i of each input before writing element i).
-  if (options.inplace_updates) plan.activations_in_place = detail::reuse_dying_inputs(g, step_of, root);
+  if (options.inplace_updates)
+    plan.activations_in_place = detail::reuse_dying_inputs(g, step_of, root);
   for (ValueId id = 0; id < g.size(); ++id) root[static_cast<std::size_t>(id)] = find(id);
 
   // The live range of each arena root.
@@ -193,7 +201,8 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& node = g.node(id);
     if (node.op == Op::Param || node.op == Op::Assign || op_info(node.op).is_view) continue;
-    plan.memory.naive_bytes += align_up(static_cast<std::size_t>(node.type.shape.numel()) * dtype_size(node.type.dtype));
+    plan.memory.naive_bytes +=
+        align_up(static_cast<std::size_t>(node.type.shape.numel()) * dtype_size(node.type.dtype));
   }
   const MemoryPlan& memory = plan.memory;
 

@@ -48,9 +48,9 @@ struct PlanInput {
 struct Plan {
   std::vector<PlanStep> steps;
   std::vector<PlanInput> inputs;
-  std::vector<BufferRef> values; ///< where each graph value lives, indexed by ValueId
-  std::vector<ValueId> outputs;        ///< graph outputs, as numbered in the lowered graph
-  std::vector<ValueId> output_origins; ///< the same outputs as numbered in the user's graph
+  std::vector<BufferRef> values;         ///< where each graph value lives, indexed by ValueId
+  std::vector<ValueId> outputs;          ///< graph outputs, as numbered in the lowered graph
+  std::vector<ValueId> output_origins;   ///< the same outputs as numbered in the user's graph
   std::int32_t assigns_in_place = 0;     ///< parameter updates written straight into the parameter
   std::int32_t activations_in_place = 0; ///< elementwise steps writing over a dying input
   std::vector<std::shared_ptr<Tensor>> params; ///< kept alive while the plan exists

@@ -29,14 +29,18 @@ struct CompileOptions {
 /// Optimises a copy of `graph` with the default pipeline, lowers it and prepares it to run
 /// on `backend` (default: the CPU). The user's graph and its Values stay valid: outputs are
 /// read from the executor with the Values of `graph`.
-inline Executor compile(const Graph& graph, const Backend& backend, const CompileOptions& options = {}) {
+inline Executor compile(const Graph& graph, const Backend& backend,
+                        const CompileOptions& options = {}) {
   verify(graph);
   PassContext ctx;
   LowerOptions lowering{options.threads, true, true};
   for (const std::string& name : options.disable) {
-    if (name == "plan_memory") lowering.share_memory = false;
-    else if (name == "inplace") lowering.inplace_updates = false;
-    else ctx.disabled.insert(name);
+    if (name == "plan_memory")
+      lowering.share_memory = false;
+    else if (name == "inplace")
+      lowering.inplace_updates = false;
+    else
+      ctx.disabled.insert(name);
   }
   ctx.dump_ir = options.dump_ir;
   const auto optimised = graph.clone();

@@ -26,7 +26,8 @@ struct StepTime {
 class Executor {
 public:
   explicit Executor(Plan plan, CompileReport report = {})
-      : plan_(std::move(plan)), report_(std::move(report)), arena_(detail::aligned_zeroed(plan_.memory.arena_bytes)),
+      : plan_(std::move(plan)), report_(std::move(report)),
+        arena_(detail::aligned_zeroed(plan_.memory.arena_bytes)),
         workspace_(detail::aligned_zeroed(plan_.workspace_per_thread *
                                           static_cast<std::size_t>(plan_.threads))),
         threads_(std::make_unique<tbb::task_arena>(plan_.threads)) {
@@ -90,10 +91,12 @@ public:
     for (std::size_t i = 0; i < plan_.output_origins.size(); ++i) {
       if (plan_.output_origins[i] != id) continue;
       const BufferRef& b = plan_.values[static_cast<std::size_t>(plan_.outputs[i])];
-      if (b.dtype != DType::f32) fail(errc::dtype, "output: value %" + std::to_string(id) + " is not f32");
+      if (b.dtype != DType::f32)
+        fail(errc::dtype, "output: value %" + std::to_string(id) + " is not f32");
       return {view(b).f32(), static_cast<std::size_t>(b.shape.numel())};
     }
-    fail(errc::not_found, "output: value %" + std::to_string(id) + " is not marked as a graph output");
+    fail(errc::not_found,
+         "output: value %" + std::to_string(id) + " is not marked as a graph output");
   }
   [[nodiscard]] std::span<const float> output(Value v) const { return output(v.id); }
   /// The single element of a scalar output, e.g. the loss.

@@ -21,7 +21,8 @@ public:
   std::int64_t rows = 1;
   std::array<int, max_op_inputs> inner_stride{};
 
-  BroadcastLoop(const Shape& out, std::span<const Shape> inputs) : inputs_(static_cast<int>(inputs.size())) {
+  BroadcastLoop(const Shape& out, std::span<const Shape> inputs)
+      : inputs_(static_cast<int>(inputs.size())) {
     const int rank = out.rank();
     // Element strides of each input over the output's dimensions (0 where broadcast).
     std::array<std::array<std::int64_t, Shape::max_rank>, max_op_inputs> stride{};

@@ -89,7 +89,8 @@ inline const std::array<RowVariants, op_count>& RowTable() {
 
 /// Runs body(row, first, count) over pieces of at most `chunk` elements of every row, in
 /// parallel: a same-shape op folds to one long row, which must still use every thread.
-template <class Body> void ForEachChunk(const BroadcastLoop& loop, std::int64_t chunk, const Body& body) {
+template <class Body>
+void ForEachChunk(const BroadcastLoop& loop, std::int64_t chunk, const Body& body) {
   const std::int64_t per_row = (loop.inner + chunk - 1) / chunk;
   const std::int64_t tiles = loop.rows * per_row;
   const auto run = [&](std::int64_t t0, std::int64_t t1) {
@@ -99,7 +100,8 @@ template <class Body> void ForEachChunk(const BroadcastLoop& loop, std::int64_t 
     }
   };
   // About 32k elements per task: enough to hide the scheduling cost.
-  const std::int64_t grain = std::max<std::int64_t>(1, 32768 / std::min(chunk, std::max<std::int64_t>(loop.inner, 1)));
+  const std::int64_t grain =
+      std::max<std::int64_t>(1, 32768 / std::min(chunk, std::max<std::int64_t>(loop.inner, 1)));
   if (tiles <= grain) {
     run(0, tiles);
     return;
@@ -110,8 +112,11 @@ template <class Body> void ForEachChunk(const BroadcastLoop& loop, std::int64_t 
 
 inline BroadcastLoop LoopOf(const KernelArgs& args) {
   std::array<Shape, max_op_inputs> shapes{};
-  for (int k = 0; k < args.num_inputs; ++k) shapes[static_cast<std::size_t>(k)] = args.in[static_cast<std::size_t>(k)].shape;
-  return BroadcastLoop(args.out.shape, std::span<const Shape>(shapes.data(), static_cast<std::size_t>(args.num_inputs)));
+  for (int k = 0; k < args.num_inputs; ++k)
+    shapes[static_cast<std::size_t>(k)] = args.in[static_cast<std::size_t>(k)].shape;
+  return BroadcastLoop(
+      args.out.shape,
+      std::span<const Shape>(shapes.data(), static_cast<std::size_t>(args.num_inputs)));
 }
 
 template <Op op> void ElementwiseKernel(const KernelArgs& args) {
@@ -119,8 +124,9 @@ template <Op op> void ElementwiseKernel(const KernelArgs& args) {
   const float scalar = s ? s->value : 0.0f;
   const BroadcastLoop loop = LoopOf(args);
   const int ib = args.num_inputs > 1 ? 1 : 0; // unary ops read their one input as both operands
-  const RowFn row = RowTable()[op_index(op)][static_cast<std::size_t>(loop.inner_stride[0])]
-                                            [static_cast<std::size_t>(loop.inner_stride[static_cast<std::size_t>(ib)])];
+  const RowFn row =
+      RowTable()[op_index(op)][static_cast<std::size_t>(loop.inner_stride[0])]
+                [static_cast<std::size_t>(loop.inner_stride[static_cast<std::size_t>(ib)])];
   const float* pa = args.in[0].f32();
   const float* pb = args.in[static_cast<std::size_t>(ib)].f32();
   float* po = args.out.f32();
@@ -128,7 +134,8 @@ template <Op op> void ElementwiseKernel(const KernelArgs& args) {
     std::int64_t offsets[max_op_inputs];
     loop.row_offsets(r, offsets);
     const std::int64_t oa = offsets[0] + (loop.inner_stride[0] ? first : 0);
-    const std::int64_t ob = offsets[ib] + (loop.inner_stride[static_cast<std::size_t>(ib)] ? first : 0);
+    const std::int64_t ob =
+        offsets[ib] + (loop.inner_stride[static_cast<std::size_t>(ib)] ? first : 0);
     row(pa + oa, pb + ob, po + r * loop.inner + first, n, scalar);
   });
 }
@@ -136,13 +143,16 @@ template <Op op> void ElementwiseKernel(const KernelArgs& args) {
 /// A fused chain: each chunk of a row goes through every step of the program, keeping the
 /// intermediate results in this thread's workspace (a few KiB, so they stay in L1/L2).
 inline void FusedElementwiseKernel(const KernelArgs& args) {
-  const auto& program = std::get_if<FusedAttrs>(args.attrs)->program;
+  const FusedAttrs& fused = *std::get_if<FusedAttrs>(args.attrs);
+  const auto& program = fused.program;
   const BroadcastLoop loop = LoopOf(args);
   const auto& rows = RowTable();
   const auto steps = static_cast<std::int64_t>(program.size());
   float* po = args.out.f32();
   ForEachChunk(loop, fused_chunk, [&](std::int64_t r, std::int64_t first, std::int64_t n) {
-    auto* temps = reinterpret_cast<float*>(args.workspace + static_cast<std::size_t>(tbb::this_task_arena::current_thread_index()) * args.workspace_per_thread);
+    auto* temps = reinterpret_cast<float*>(
+        args.workspace + static_cast<std::size_t>(tbb::this_task_arena::current_thread_index()) *
+                             args.workspace_per_thread);
     std::int64_t offsets[max_op_inputs];
     loop.row_offsets(r, offsets);
     const auto operand = [&](int v, std::size_t& contiguous) -> const float* {
@@ -161,6 +171,14 @@ inline void FusedElementwiseKernel(const KernelArgs& args) {
       const float* b = operand(f.b, cb);
       float* out = k + 1 == steps ? po + r * loop.inner + first : temps + k * fused_chunk;
       rows[op_index(f.op)][ca][cb](a, b, out, n, f.scalar);
+    }
+    // Stores go last: every step of this chunk has read the params' old values by now.
+    for (const FusedStore& st : fused.stores) {
+      const auto k = static_cast<std::size_t>(st.input);
+      const float* value =
+          st.step + 1 == steps ? po + r * loop.inner + first : temps + st.step * fused_chunk;
+      std::memcpy(args.in[k].f32() + offsets[k] + first, value,
+                  static_cast<std::size_t>(n) * sizeof(float));
     }
   });
 }
