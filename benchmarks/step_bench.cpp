@@ -55,8 +55,7 @@ std::unique_ptr<Setup> make_step(int batch) {
   using namespace kiln::nn;
   manual_seed(1);
   auto s = std::make_unique<Setup>();
-  s->net = Sequential{Conv2d(1, 32, 3),  ReLU(), Conv2d(32, 64, 3), ReLU(), MaxPool2d(2), Flatten(),
-                      Linear(9216, 128), ReLU(), Linear(128, 10)};
+  s->net = models::mnist_cnn();
   auto x = s->graph.input("x", {batch, 1, 28, 28});
   auto y = s->graph.input("y", {batch}, kiln::i32);
   s->loss = kiln::softmax_cross_entropy(s->net(x), y);

@@ -95,13 +95,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-/// The classic MNIST CNN (PyTorch's examples/mnist without dropout).
-kiln::nn::Sequential make_net() {
-  using namespace kiln::nn;
-  return Sequential{Conv2d(1, 32, 3),  ReLU(), Conv2d(32, 64, 3), ReLU(), MaxPool2d(2), Flatten(),
-                    Linear(9216, 128), ReLU(), Linear(128, 10)};
-}
-
 /// Test accuracy in percent, evaluated in batches of `batch` (the last one zero-padded).
 double evaluate(kiln::Executor& exe, kiln::Value logits, const kiln::data::Dataset& test,
                 std::int64_t batch, kiln::data::Normalization normalization) {
@@ -140,7 +133,7 @@ int run(const Options& o) {
               o.data.c_str());
 
   kiln::nn::manual_seed(o.seed);
-  kiln::nn::Sequential net = make_net();
+  kiln::nn::Sequential net = kiln::nn::models::mnist_cnn();
 
   kiln::Graph train_graph;
   const auto x = train_graph.input("x", {o.batch, 1, train.height, train.width});

@@ -5,6 +5,8 @@
 #include "kiln/nn/conv2d.hpp"
 #include "kiln/nn/init.hpp"
 #include "kiln/nn/linear.hpp"
+#include "kiln/nn/models.hpp"
 #include "kiln/nn/module.hpp"
+#include "kiln/nn/residual.hpp"
 #include "kiln/nn/sequential.hpp"
 #include "kiln/nn/simple_layers.hpp"

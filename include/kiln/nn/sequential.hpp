@@ -16,8 +16,9 @@ class Sequential : public Module {
 public:
   Sequential() = default;
   template <class... Layers>
-  requires(sizeof...(Layers) > 0 && (std::derived_from<std::decay_t<Layers>, Module> &&
-                                     ...)) explicit Sequential(Layers&&... layers) {
+  requires(sizeof...(Layers) > 0 && (std::derived_from<std::decay_t<Layers>, Module> && ...) &&
+           !(sizeof...(Layers) == 1 && (std::same_as<std::decay_t<Layers>, Sequential> &&
+                                        ...))) explicit Sequential(Layers&&... layers) {
     (layers_.push_back(std::make_shared<std::decay_t<Layers>>(std::forward<Layers>(layers))), ...);
     set_name_prefix("");
   }

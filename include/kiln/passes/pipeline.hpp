@@ -4,15 +4,22 @@
 
 #include <array>
 
+#include "kiln/passes/canonicalize.hpp"
+#include "kiln/passes/eliminate_common_subexpressions.hpp"
 #include "kiln/passes/eliminate_dead_nodes.hpp"
+#include "kiln/passes/fold_constants.hpp"
 #include "kiln/passes/fuse_elementwise.hpp"
 #include "kiln/passes/pass.hpp"
 
 namespace kiln {
 
-/// Cleanup first, so that equivalent graphs reach fusion in the same form; dead nodes go
-/// before fusion so that no group is grown around a value nobody needs.
+/// Cleanup first, so that equivalent graphs reach fusion in the same form (canonicalize
+/// before cse, so rewritten forms merge); dead nodes go before fusion so that no group is
+/// grown around a value nobody needs.
 inline constexpr std::array default_pipeline = {
+    Pass{"fold", &fold_constants},
+    Pass{"canonicalize", &canonicalize},
+    Pass{"cse", &eliminate_common_subexpressions},
     Pass{"dce", &eliminate_dead_nodes},
     Pass{"fuse_elementwise", &fuse_elementwise},
 };
