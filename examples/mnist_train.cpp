@@ -1,7 +1,8 @@
 // mnist_train: trains the classic MNIST CNN with kiln on real digits and reports accuracy.
 //
 //   mnist_train [--data DIR] [--epochs N] [--batch N] [--lr X] [--lr-decay X] [--momentum X]
-//               [--threads N] [--seed N] [--smoke] [--profile] [--json FILE]
+//               [--threads N] [--seed N] [--smoke] [--profile] [--json FILE] [--explain-fusion]
+//               [--dot FILE]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,13 +33,15 @@ struct Options {
   std::uint64_t seed = 1;
   bool smoke = false;
   bool profile = false;
+  bool explain_fusion = false;
   std::string json;
+  std::string dot;
 };
 
 constexpr const char* usage =
     "usage: mnist_train [--data DIR] [--epochs N] [--batch N] [--lr X] [--lr-decay X]\n"
-    "                   [--momentum X] [--threads N] [--seed N] [--smoke] [--profile] [--json "
-    "FILE]\n"
+    "                   [--momentum X] [--threads N] [--seed N] [--smoke] [--profile]\n"
+    "                   [--json FILE] [--explain-fusion] [--dot FILE]\n"
     "  --data DIR   MNIST-format IDX files, plain or .gz (default: " KILN_MNIST_DIR ",\n"
     "               fetched by scripts/fetch_mnist.sh; Fashion-MNIST: "
     "/usr/share/datasets/fashion-mnist)\n"
@@ -47,6 +50,9 @@ constexpr const char* usage =
     "               PyTorch's MNIST example's StepLR; 1 keeps it constant)\n"
     "  --smoke      a few steps on a subset; fails unless the loss falls (used by ctest)\n"
     "  --profile    print the kernels that took the most time\n"
+    "  --explain-fusion  print every fusion decision of the training step with its reason\n"
+    "  --dot FILE   write the optimised training step as Graphviz (fused kernels as clusters);\n"
+    "               render with: dot -Tsvg FILE -o step.svg\n"
     "  --json FILE  write test_accuracy, final_loss, epochs, images_per_s, ms_per_step\n";
 
 Options parse(int argc, char** argv) {
@@ -80,6 +86,10 @@ Options parse(int argc, char** argv) {
         o.smoke = true;
       else if (a == "--profile")
         o.profile = true;
+      else if (a == "--explain-fusion")
+        o.explain_fusion = true;
+      else if (a == "--dot")
+        o.dot = number(i, "--dot");
       else if (a == "--help" || a == "-h") {
         std::fputs(usage, stdout);
         std::exit(0);
@@ -155,6 +165,19 @@ int run(const Options& o) {
               plan.steps.size(), static_cast<double>(plan.memory.arena_bytes) / 1048576.0,
               static_cast<double>(plan.memory.naive_bytes) / 1048576.0, plan.threads,
               plan.target.c_str());
+  if (o.explain_fusion) {
+    std::printf(
+        "fusion decisions (producer -> consumer: reason), numbered as in the graph fusion saw:\n");
+    for (const kiln::FusionDecision& d : step.report().fusion)
+      std::printf("  %%%d %s -> %%%d %s: %s\n", d.producer, d.producer_op.c_str(), d.consumer,
+                  d.consumer_op.c_str(), std::string(kiln::fusion_reason_name(d.reason)).c_str());
+  }
+  if (!o.dot.empty()) {
+    std::ofstream out(o.dot);
+    out << kiln::to_dot(*step.report().optimised);
+    if (!out) kiln::fail(kiln::errc::io, "cannot write " + o.dot);
+    std::printf("wrote %s (render: dot -Tsvg %s -o step.svg)\n", o.dot.c_str(), o.dot.c_str());
+  }
   std::fflush(stdout);
 
   kiln::data::BatchLoader loader(

@@ -176,3 +176,16 @@ TEST_CASE("every pass on vs every pass off: the same losses on three networks") 
     CHECK(losses[0].back() < losses[0].front());
   }
 }
+
+TEST_CASE("dot: the optimised graph draws each fused kernel as a cluster, with its stores") {
+  auto w = std::make_shared<kiln::Tensor>(Shape{4});
+  kiln::Graph g;
+  auto x = g.input("x", {4});
+  auto loss = kiln::sum(kiln::relu(x * g.param("w", w)));
+  (void)kiln::train_step(loss, {{"w", w}}, kiln::optim::SGD{.lr = 0.1f, .momentum = 0.9f});
+  const auto exe = kiln::compile(g, {.threads = 1});
+  const std::string dot = kiln::to_dot(*exe.report().optimised);
+  CHECK(dot.find("subgraph cluster_n") != std::string::npos);
+  CHECK(dot.find("fillcolor=\"#fff4d6\"") != std::string::npos);
+  CHECK(dot.find("[style=dashed, label=\"store\"]") != std::string::npos);
+}

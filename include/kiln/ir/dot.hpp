@@ -8,13 +8,52 @@
 
 namespace kiln {
 
+namespace detail {
+/// A fused node as a cluster of its steps; the last step carries the node's own name so
+/// that edges to its consumers attach to it.
+inline std::string fused_cluster(const Graph& g, ValueId id, const FusedAttrs& fused) {
+  const Node& n = g.node(id);
+  const std::string base = "n" + std::to_string(id);
+  const auto step_name = [&](std::size_t k) {
+    return k + 1 == fused.program.size() ? base : base + "_s" + std::to_string(k);
+  };
+  std::string s = "  subgraph cluster_" + base + " {\n    label=\"%" + std::to_string(id) +
+                  " fused_elementwise " + type_text(n.type) +
+                  "\";\n    style=filled; fillcolor=\"#fff4d6\";\n";
+  for (std::size_t k = 0; k < fused.program.size(); ++k)
+    s += "    " + step_name(k) + " [label=\"t" + std::to_string(k) + " " +
+         std::string(op_name(fused.program[k].op)) + "\"];\n";
+  s += "  }\n";
+  for (std::size_t k = 0; k < fused.program.size(); ++k) {
+    const FusedInstruction& f = fused.program[k];
+    for (const int operand : {static_cast<int>(f.a), static_cast<int>(f.b)}) {
+      const std::string from =
+          operand >= 0 ? step_name(static_cast<std::size_t>(operand))
+                       : "n" + std::to_string(n.inputs[static_cast<std::size_t>(-(operand + 1))]);
+      s += "  " + from + " -> " + step_name(k) + ";\n";
+      if (f.a == f.b) break;
+    }
+  }
+  for (const FusedStore& st : fused.stores)
+    s += "  " + step_name(static_cast<std::size_t>(st.step)) + " -> n" +
+         std::to_string(n.inputs[static_cast<std::size_t>(st.input)]) +
+         " [style=dashed, label=\"store\"];\n";
+  return s;
+}
+} // namespace detail
+
 /// The graph in DOT: one box per node labelled with op and type; inputs, params and
-/// outputs are coloured so the training step's structure is visible.
+/// outputs are coloured so the training step's structure is visible, and each fused node
+/// is drawn as a cluster of the ops it runs in one kernel.
 inline std::string to_dot(const Graph& g) {
   std::string s =
       "digraph kiln {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n";
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& n = g.node(id);
+    if (const auto* fused = std::get_if<FusedAttrs>(&n.attrs)) {
+      s += detail::fused_cluster(g, id, *fused);
+      continue;
+    }
     std::string label = "%" + std::to_string(id) + " " + std::string(op_name(n.op));
     if (const auto* in = std::get_if<InputAttrs>(&n.attrs)) label += " " + in->name;
     if (const auto* p = std::get_if<ParamAttrs>(&n.attrs)) label += " " + p->name;

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <ostream>
 #include <set>
 #include <span>
@@ -74,6 +75,8 @@ struct FusionDecision {
 struct CompileReport {
   std::vector<PassRecord> passes;
   std::vector<FusionDecision> fusion;
+  /// The graph as lowered, after every pass (draw it with to_dot, print it with to_text).
+  std::shared_ptr<const Graph> optimised;
 
   /// The record of pass `name`, or nullptr.
   [[nodiscard]] const PassRecord* pass(std::string_view name) const {

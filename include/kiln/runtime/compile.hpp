@@ -43,8 +43,9 @@ inline Executor compile(const Graph& graph, const Backend& backend,
       ctx.disabled.insert(name);
   }
   ctx.dump_ir = options.dump_ir;
-  const auto optimised = graph.clone();
+  std::shared_ptr<Graph> optimised = graph.clone();
   run_passes(*optimised, default_pipeline, ctx);
+  ctx.report.optimised = optimised;
   Plan plan = lower(*optimised, backend, lowering);
   plan.output_origins = graph.outputs();
   Executor exe(std::move(plan), std::move(ctx.report));

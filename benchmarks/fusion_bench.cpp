@@ -1,0 +1,154 @@
+// fusion_bench: what each optimisation buys on a whole training step. For three networks it
+// compiles the step (forward + backward + SGD update) under several configurations, runs
+// them alternately in one process, and prints one table per network; --json writes the same.
+//
+//   fusion_bench [--threads N] [--batch N] [--rounds N] [--steps N] [--json FILE]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.hpp"
+
+#ifndef KILN_BUILD_TYPE
+#define KILN_BUILD_TYPE "unknown"
+#endif
+
+namespace {
+
+struct Config {
+  const char* name;
+  std::vector<std::string> disable;
+};
+
+const std::vector<Config> configs = {
+    {"all passes", {}},
+    {"fusion off", {"fuse_elementwise"}},
+    {"memory planning off", {"plan_memory", "inplace"}},
+    {"cleanup off", {"fold", "canonicalize", "cse", "dce"}},
+    {"all off",
+     {"fold", "canonicalize", "cse", "dce", "fuse_elementwise", "inplace", "plan_memory"}},
+};
+
+/// Bytes each step reads and writes, summed: what the plan moves through memory per run
+/// (kernels that re-read an input, like convolutions, count it once).
+std::size_t bytes_moved(const kiln::Plan& plan) {
+  std::size_t total = 0;
+  for (const kiln::PlanStep& s : plan.steps) {
+    for (int i = 0; i < s.num_inputs; ++i) {
+      const auto& b = s.inputs[static_cast<std::size_t>(i)];
+      total += static_cast<std::size_t>(b.shape.numel()) * kiln::dtype_size(b.dtype);
+    }
+    total += static_cast<std::size_t>(s.output.shape.numel()) * kiln::dtype_size(s.output.dtype);
+  }
+  return total;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Row {
+  std::string config;
+  double ms = 0, min = 0, max = 0;
+  std::size_t kernels = 0, bytes = 0, peak = 0;
+};
+
+} // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, batch = 64, rounds = 5, steps = 5;
+  std::string json;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--threads")
+      threads = std::stoi(argv[i + 1]);
+    else if (a == "--batch")
+      batch = std::stoi(argv[i + 1]);
+    else if (a == "--rounds")
+      rounds = std::stoi(argv[i + 1]);
+    else if (a == "--steps")
+      steps = std::stoi(argv[i + 1]);
+    else if (a == "--json")
+      json = argv[i + 1];
+    else {
+      std::fprintf(
+          stderr,
+          "usage: fusion_bench [--threads N] [--batch N] [--rounds N] [--steps N] [--json FILE]\n");
+      return 2;
+    }
+  }
+  const std::pair<const char*, kiln::nn::Sequential (*)()> networks[] = {
+      {"mnist_cnn", &kiln::nn::models::mnist_cnn},
+      {"lenet5", &kiln::nn::models::lenet5},
+      {"small_resnet", &kiln::nn::models::small_resnet}};
+  kiln::Rng rng(1);
+  std::vector<float> images(static_cast<std::size_t>(batch) * 784);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
+  for (float& v : images) v = rng.uniform(-0.4f, 2.8f);
+  for (auto& l : labels) l = static_cast<std::int32_t>(rng.below(10));
+
+  std::string json_rows;
+  for (const auto& [network, make] : networks) {
+    kiln::nn::manual_seed(1);
+    kiln::nn::Sequential net = make();
+    kiln::Graph g;
+    const auto x = g.input("x", {batch, 1, 28, 28});
+    const auto y = g.input("y", {batch}, kiln::i32);
+    (void)kiln::train_step(kiln::softmax_cross_entropy(net(x), y), net.parameters(),
+                           kiln::optim::SGD{.lr = 0.01f, .momentum = 0.9f});
+    std::vector<kiln::Executor> exes;
+    for (const Config& c : configs) {
+      exes.push_back(kiln::compile(g, {.threads = threads, .disable = c.disable}));
+      exes.back().set_input("x", images);
+      exes.back().set_input("y", labels);
+      exes.back().run(); // warm-up: first touch of the arena, caches
+    }
+    // Configurations alternate within every round so that they share the machine's state.
+    std::vector<std::vector<double>> ms(configs.size());
+    for (int r = 0; r < rounds; ++r)
+      for (std::size_t k = 0; k < exes.size(); ++k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int s = 0; s < steps; ++s) exes[k].run();
+        ms[k].push_back(
+            1000.0 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+            steps);
+      }
+    std::vector<Row> rows;
+    for (std::size_t k = 0; k < exes.size(); ++k) {
+      const kiln::Plan& plan = exes[k].plan();
+      rows.push_back({configs[k].name, median(ms[k]), *std::min_element(ms[k].begin(), ms[k].end()),
+                      *std::max_element(ms[k].begin(), ms[k].end()), plan.steps.size(),
+                      bytes_moved(plan), plan.memory.arena_bytes});
+    }
+    const double base = rows.back().ms;
+    std::printf("\n%s: training step, batch %d, %d threads, %s, median of %d rounds x %d steps\n",
+                network, batch, threads, exes[0].plan().target.c_str(), rounds, steps);
+    std::printf("%-20s %9s %17s %8s %8s %12s %12s\n", "configuration", "ms/step", "min..max",
+                "speedup", "kernels", "MiB moved", "peak MiB");
+    for (const Row& r : rows) {
+      std::printf("%-20s %9.2f %8.2f..%-8.2f %7.2fx %8zu %12.1f %12.1f\n", r.config.c_str(), r.ms,
+                  r.min, r.max, base / r.ms, r.kernels, static_cast<double>(r.bytes) / 1048576.0,
+                  static_cast<double>(r.peak) / 1048576.0);
+      json_rows += std::string(json_rows.empty() ? "" : ",\n") + "  {\"network\": \"" + network +
+                   "\", \"config\": \"" + r.config +
+                   "\", \"ms_per_step\": " + std::to_string(r.ms) +
+                   ", \"min\": " + std::to_string(r.min) + ", \"max\": " + std::to_string(r.max) +
+                   ", \"speedup_vs_all_off\": " + std::to_string(base / r.ms) +
+                   ", \"kernels\": " + std::to_string(r.kernels) +
+                   ", \"bytes_moved\": " + std::to_string(r.bytes) +
+                   ", \"planned_peak_bytes\": " + std::to_string(r.peak) +
+                   ", \"threads\": " + std::to_string(threads) +
+                   ", \"batch\": " + std::to_string(batch) + ", \"target\": \"" +
+                   exes[0].plan().target + "\", \"build_type\": \"" + KILN_BUILD_TYPE + "\"}";
+    }
+  }
+  if (!json.empty()) {
+    std::ofstream out(json);
+    out << "[\n" << json_rows << "\n]\n";
+  }
+  return 0;
+}
