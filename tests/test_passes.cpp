@@ -189,3 +189,18 @@ TEST_CASE("dot: the optimised graph draws each fused kernel as a cluster, with i
   CHECK(dot.find("fillcolor=\"#fff4d6\"") != std::string::npos);
   CHECK(dot.find("[style=dashed, label=\"store\"]") != std::string::npos);
 }
+
+TEST_CASE("equivalent lerp forms a+(b-a)*w and a*(1-w)+b*w end in the same number of kernels") {
+  const auto kernels = [](bool expanded) {
+    kiln::Graph g;
+    auto a = g.input("a", {8, 16});
+    auto b = g.input("b", {8, 16});
+    auto w = g.input("w", {8, 16});
+    auto one_minus_w = kiln::add_scalar(kiln::neg(w), 1.0f);
+    g.mark_output(expanded ? a * one_minus_w + b * w : a + (b - a) * w);
+    const auto exe = kiln::compile(g, {.threads = 1});
+    return exe.plan().steps.size();
+  };
+  CHECK(kernels(false) == 1);
+  CHECK(kernels(true) == 1);
+}
