@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "kiln/kiln.hpp"
 
 #ifndef KILN_BUILD_TYPE
@@ -46,11 +47,6 @@ std::size_t bytes_moved(const kiln::Plan& plan) {
   return total;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 struct Row {
   std::string config;
   double ms = 0, min = 0, max = 0;
@@ -62,25 +58,11 @@ struct Row {
 int main(int argc, char** argv) {
   int threads = 2, batch = 64, rounds = 5, steps = 5;
   std::string json;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--threads")
-      threads = std::stoi(argv[i + 1]);
-    else if (a == "--batch")
-      batch = std::stoi(argv[i + 1]);
-    else if (a == "--rounds")
-      rounds = std::stoi(argv[i + 1]);
-    else if (a == "--steps")
-      steps = std::stoi(argv[i + 1]);
-    else if (a == "--json")
-      json = argv[i + 1];
-    else {
-      std::fprintf(
-          stderr,
-          "usage: fusion_bench [--threads N] [--batch N] [--rounds N] [--steps N] [--json FILE]\n");
-      return 2;
-    }
-  }
+  if (!bench::parse_flags(
+          argc, argv,
+          {{"threads", &threads}, {"batch", &batch}, {"rounds", &rounds}, {"steps", &steps}}, json,
+          "usage: fusion_bench [--threads N] [--batch N] [--rounds N] [--steps N] [--json FILE]\n"))
+    return 2;
   const std::pair<const char*, kiln::nn::Sequential (*)()> networks[] = {
       {"mnist_cnn", &kiln::nn::models::mnist_cnn},
       {"lenet5", &kiln::nn::models::lenet5},
@@ -108,21 +90,13 @@ int main(int argc, char** argv) {
       exes.back().run(); // warm-up: first touch of the arena, caches
     }
     // Configurations alternate within every round so that they share the machine's state.
-    std::vector<std::vector<double>> ms(configs.size());
-    for (int r = 0; r < rounds; ++r)
-      for (std::size_t k = 0; k < exes.size(); ++k) {
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int s = 0; s < steps; ++s) exes[k].run();
-        ms[k].push_back(
-            1000.0 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-            steps);
-      }
+    const bench::Timing timing = bench::time_alternately(exes, rounds, steps);
     std::vector<Row> rows;
     for (std::size_t k = 0; k < exes.size(); ++k) {
       const kiln::Plan& plan = exes[k].plan();
-      rows.push_back({configs[k].name, median(ms[k]), *std::min_element(ms[k].begin(), ms[k].end()),
-                      *std::max_element(ms[k].begin(), ms[k].end()), plan.steps.size(),
-                      bytes_moved(plan), plan.memory.arena_bytes});
+      const bench::Spread& t = timing.per_executor[k];
+      rows.push_back({configs[k].name, t.median, t.min, t.max, plan.steps.size(), bytes_moved(plan),
+                      plan.memory.arena_bytes});
     }
     const double base = rows.back().ms;
     std::printf("\n%s: training step, batch %d, %d threads, %s, median of %d rounds x %d steps\n",
@@ -133,18 +107,19 @@ int main(int argc, char** argv) {
       std::printf("%-20s %9.2f %8.2f..%-8.2f %7.2fx %8zu %12.1f %12.1f\n", r.config.c_str(), r.ms,
                   r.min, r.max, base / r.ms, r.kernels, static_cast<double>(r.bytes) / 1048576.0,
                   static_cast<double>(r.peak) / 1048576.0);
-      json_rows += std::string(json_rows.empty() ? "" : ",\n") + "  {\"network\": \"" + network +
-                   "\", \"config\": \"" + r.config +
-                   "\", \"ms_per_step\": " + std::to_string(r.ms) +
-                   ", \"min\": " + std::to_string(r.min) + ", \"max\": " + std::to_string(r.max) +
-                   ", \"speedup_vs_all_off\": " + std::to_string(base / r.ms) +
-                   ", \"kernels\": " + std::to_string(r.kernels) +
-                   ", \"bytes_moved\": " + std::to_string(r.bytes) +
-                   ", \"planned_peak_bytes\": " + std::to_string(r.peak) +
-                   ", \"threads\": " + std::to_string(threads) +
-                   ", \"batch\": " + std::to_string(batch) + ", \"target\": \"" +
-                   exes[0].plan().target + "\", \"build_type\": \"" + KILN_BUILD_TYPE + "\"}";
+      json_rows +=
+          std::string(json_rows.empty() ? "" : ",\n") + "  {\"network\": \"" + network +
+          "\", \"config\": \"" + r.config + "\", \"ms_per_step\": " + std::to_string(r.ms) +
+          ", \"min\": " + std::to_string(r.min) + ", \"max\": " + std::to_string(r.max) +
+          ", \"speedup_vs_all_off\": " + std::to_string(base / r.ms) +
+          ", \"kernels\": " + std::to_string(r.kernels) +
+          ", \"bytes_moved\": " + std::to_string(r.bytes) +
+          ", \"planned_peak_bytes\": " + std::to_string(r.peak) +
+          ", \"threads\": " + std::to_string(threads) + ", \"batch\": " + std::to_string(batch) +
+          ", \"target\": \"" + exes[0].plan().target + "\", \"build_type\": \"" + KILN_BUILD_TYPE +
+          "\", \"other_cores_busy\": " + std::to_string(timing.other_cores) + "}";
     }
+    bench::print_neighbours(timing);
   }
   if (!json.empty()) {
     std::ofstream out(json);

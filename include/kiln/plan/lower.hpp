@@ -27,24 +27,30 @@ struct LowerOptions {
 
 namespace detail {
 
+/// The value whose memory `v` uses, following the alias links in `root` (views, assigns,
+/// in-place steps).
+inline ValueId storage_root(const std::vector<ValueId>& root, ValueId v) {
+  while (root[static_cast<std::size_t>(v)] != v) v = root[static_cast<std::size_t>(v)];
+  return v;
+}
+
 /// Whether assign node `a` can be dropped by computing its value directly in the param's
 /// storage: the value comes from an elementwise kernel (which reads element i of its
 /// same-shaped inputs before writing element i), and nothing between that kernel and the
 /// assign reads the param's old value.
 inline bool can_update_in_place(const Graph& g, ValueId a, const std::vector<ValueId>& root) {
   const Node& assign = g.node(a);
-  const ValueId target = root[static_cast<std::size_t>(assign.inputs[0])];
+  const ValueId target = storage_root(root, assign.inputs[0]);
   const ValueId source = assign.inputs[1];
   const Node& producer = g.node(source);
-  if (root[static_cast<std::size_t>(source)] != source) return false;
+  if (storage_root(root, source) != source) return false;
   if (!op_info(producer.op).is_elementwise && producer.op != Op::FusedElementwise) return false;
   for (ValueId in : producer.inputs)
-    if (root[static_cast<std::size_t>(in)] == target &&
-        !(g.node(in).type.shape == producer.type.shape))
+    if (storage_root(root, in) == target && !(g.node(in).type.shape == producer.type.shape))
       return false;
   for (ValueId k = source + 1; k < a; ++k)
     for (ValueId in : g.node(k).inputs)
-      if (root[static_cast<std::size_t>(in)] == target) return false;
+      if (storage_root(root, in) == target) return false;
   return true;
 }
 
@@ -54,10 +60,7 @@ inline bool can_update_in_place(const Graph& g, ValueId a, const std::vector<Val
 inline std::int32_t reuse_dying_inputs(const Graph& g, const std::vector<int>& step_of,
                                        std::vector<ValueId>& root) {
   const auto n = static_cast<std::size_t>(g.size());
-  const auto find = [&root](ValueId v) {
-    while (root[static_cast<std::size_t>(v)] != v) v = root[static_cast<std::size_t>(v)];
-    return v;
-  };
+  const auto find = [&root](ValueId v) { return storage_root(root, v); };
   // The last step reading each value, directly or through its views.
   std::vector<int> last_use(n, -1);
   for (ValueId id = 0; id < g.size(); ++id)
@@ -128,10 +131,7 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
         aliases ? root[static_cast<std::size_t>(node.inputs[0])] : id;
   }
 
-  const auto find = [&root](ValueId v) {
-    while (root[static_cast<std::size_t>(v)] != v) v = root[static_cast<std::size_t>(v)];
-    return v;
-  };
+  const auto find = [&root](ValueId v) { return detail::storage_root(root, v); };
 
   // In-place updates: the source of such an assign lives in the param, and the assign
   // itself needs no step.

@@ -1,0 +1,119 @@
+// What the training-step benchmarks share: flag parsing, alternating timed runs, and the
+// check that no other process took a core meanwhile (../shared/BENCHMARKING.md).
+#pragma once
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kiln/runtime/executor.hpp"
+
+namespace bench {
+
+/// Parses "--name VALUE" pairs into the given integers and, for --json, a path. Prints
+/// `usage` and returns false on anything else.
+inline bool parse_flags(int argc, char** argv, std::vector<std::pair<std::string, int*>> ints,
+                        std::string& json, const char* usage) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    bool known = i + 1 < argc;
+    if (known && flag == "--json") {
+      json = argv[i + 1];
+      continue;
+    }
+    const auto match = std::find_if(ints.begin(), ints.end(),
+                                    [&](const auto& p) { return "--" + p.first == flag; });
+    known = known && match != ints.end();
+    try {
+      if (known) *match->second = std::stoi(argv[i + 1]);
+    } catch (const std::logic_error&) {
+      known = false;
+    }
+    if (!known) {
+      std::fputs(usage, stderr);
+      return false;
+    }
+  }
+  return true;
+}
+
+/// Median, fastest and slowest of repeated measurements.
+struct Spread {
+  double median = 0, min = 0, max = 0;
+  explicit Spread(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    median = v[v.size() / 2];
+    min = v.front();
+    max = v.back();
+  }
+};
+
+/// Milliseconds per run of each executor, and how many cores other processes kept busy.
+struct Timing {
+  std::vector<Spread> per_executor;
+  double other_cores = 0.0;
+  double seconds = 0.0;
+};
+
+namespace detail {
+/// Busy and total jiffies of the whole machine, from /proc/stat.
+inline std::pair<long long, long long> machine_jiffies() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  long long v[8] = {};
+  stat >> cpu >> v[0] >> v[1] >> v[2] >> v[3] >> v[4] >> v[5] >> v[6] >> v[7];
+  long long total = 0;
+  for (long long x : v) total += x;
+  return {total - v[3] - v[4], total};
+}
+
+/// CPU seconds this process has used (all threads).
+inline double own_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+} // namespace detail
+
+/// Runs every executor `steps` times per round, the executors alternating within each round
+/// (A B A B ...) so that all of them see the same machine load.
+inline Timing time_alternately(std::vector<kiln::Executor>& exes, int rounds, int steps) {
+  using clock = std::chrono::steady_clock;
+  std::vector<std::vector<double>> ms(exes.size());
+  const auto [busy0, total0] = detail::machine_jiffies();
+  const double own0 = detail::own_cpu_seconds();
+  const auto wall0 = clock::now();
+  for (int r = 0; r < rounds; ++r)
+    for (std::size_t k = 0; k < exes.size(); ++k) {
+      const auto t0 = clock::now();
+      for (int s = 0; s < steps; ++s) exes[k].run();
+      ms[k].push_back(1000.0 * std::chrono::duration<double>(clock::now() - t0).count() / steps);
+    }
+  Timing t;
+  t.seconds = std::chrono::duration<double>(clock::now() - wall0).count();
+  const auto [busy1, total1] = detail::machine_jiffies();
+  const double cores = static_cast<double>(std::thread::hardware_concurrency());
+  const double busy_seconds = static_cast<double>(busy1 - busy0) /
+                              static_cast<double>(std::max(1LL, total1 - total0)) * cores *
+                              t.seconds;
+  t.other_cores = std::max(0.0, busy_seconds - (detail::own_cpu_seconds() - own0)) / t.seconds;
+  for (auto& m : ms) t.per_executor.emplace_back(std::move(m));
+  return t;
+}
+
+/// The line every benchmark ends its table with.
+inline void print_neighbours(const Timing& t) {
+  std::printf("other processes used %.2f of %u cores during the %.1f s run%s\n", t.other_cores,
+              std::thread::hardware_concurrency(), t.seconds,
+              t.other_cores > 0.1 ? ": busy machine, rerun before quoting" : "");
+}
+
+} // namespace bench
