@@ -20,18 +20,27 @@
 namespace {
 
 struct Config {
-  const char* name;
+  std::string name;
   std::vector<std::string> disable;
 };
 
-const std::vector<Config> configs = {
-    {"all passes", {}},
-    {"fusion off", {"fuse_elementwise"}},
-    {"memory planning off", {"plan_memory", "inplace"}},
-    {"cleanup off", {"fold", "canonicalize", "cse", "dce"}},
-    {"all off",
-     {"fold", "canonicalize", "cse", "dce", "fuse_elementwise", "inplace", "plan_memory"}},
-};
+/// The configurations, from the pipeline's own names: every fuse_* pass is fusion, every
+/// other pass is cleanup, and "all off" is every pass and lowering switch at once.
+std::vector<Config> make_configs() {
+  std::vector<std::string> fusion, cleanup, everything;
+  for (const kiln::Pass& p : kiln::default_pipeline) {
+    (p.name.starts_with("fuse_") ? fusion : cleanup).emplace_back(p.name);
+    everything.emplace_back(p.name);
+  }
+  for (std::string_view s : kiln::lowering_switches) everything.emplace_back(s);
+  return {{"all passes", {}},
+          {"fusion off", fusion},
+          {"memory planning off", {"plan_memory", "inplace"}},
+          {"cleanup off", cleanup},
+          {"all off", everything}};
+}
+
+const std::vector<Config> configs = make_configs();
 
 /// Bytes each step reads and writes, summed: what the plan moves through memory per run
 /// (kernels that re-read an input, like convolutions, count it once).

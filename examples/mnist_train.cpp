@@ -161,9 +161,11 @@ int run(const Options& o) {
   kiln::Executor eval = kiln::compile(eval_graph, {.threads = o.threads});
 
   const kiln::Plan& plan = step.plan();
-  std::printf("compiled step: %zu kernels, arena %.1f MiB (unshared %.1f MiB), %d threads, %s\n",
+  std::printf("compiled step: %zu kernels, arena %.1f MiB (unshared %.1f MiB, unoptimised step "
+              "%.1f MiB), %d threads, %s\n",
               plan.steps.size(), static_cast<double>(plan.memory.arena_bytes) / 1048576.0,
-              static_cast<double>(plan.memory.naive_bytes) / 1048576.0, plan.threads,
+              static_cast<double>(plan.memory.naive_bytes) / 1048576.0,
+              static_cast<double>(plan.unoptimised_bytes) / 1048576.0, plan.threads,
               plan.target.c_str());
   if (o.explain_fusion) {
     std::printf(

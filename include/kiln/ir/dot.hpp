@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "kiln/ir/graph.hpp"
 #include "kiln/ir/printer.hpp"
@@ -9,35 +10,64 @@
 namespace kiln {
 
 namespace detail {
-/// A fused node as a cluster of its steps; the last step carries the node's own name so
-/// that edges to its consumers attach to it.
-inline std::string fused_cluster(const Graph& g, ValueId id, const FusedAttrs& fused) {
+/// A program (a fused node's, or an anchor's epilogue) as a cluster of its steps; the last
+/// step carries the node's own name so that edges to its consumers attach to it.
+/// `source(k)` is the DOT node of program input k; `first_line` opens the cluster's body.
+template <class Source>
+std::string program_cluster(const Graph& g, ValueId id, const std::string& title,
+                            const std::vector<FusedInstruction>& program,
+                            const std::vector<FusedStore>& stores, const Source& source,
+                            const std::string& first_line = "") {
   const Node& n = g.node(id);
   const std::string base = "n" + std::to_string(id);
   const auto step_name = [&](std::size_t k) {
-    return k + 1 == fused.program.size() ? base : base + "_s" + std::to_string(k);
+    return k + 1 == program.size() ? base : base + "_s" + std::to_string(k);
   };
-  std::string s = "  subgraph cluster_" + base + " {\n    label=\"%" + std::to_string(id) +
-                  " fused_elementwise " + type_text(n.type) +
-                  "\";\n    style=filled; fillcolor=\"#fff4d6\";\n";
-  for (std::size_t k = 0; k < fused.program.size(); ++k)
+  std::string s = "  subgraph cluster_" + base + " {\n    label=\"%" + std::to_string(id) + " " +
+                  title + " " + type_text(n.type) +
+                  "\";\n    style=filled; fillcolor=\"#fff4d6\";\n" + first_line;
+  for (std::size_t k = 0; k < program.size(); ++k)
     s += "    " + step_name(k) + " [label=\"t" + std::to_string(k) + " " +
-         std::string(op_name(fused.program[k].op)) + "\"];\n";
+         std::string(op_name(program[k].op)) + "\"];\n";
   s += "  }\n";
-  for (std::size_t k = 0; k < fused.program.size(); ++k) {
-    const FusedInstruction& f = fused.program[k];
+  for (std::size_t k = 0; k < program.size(); ++k) {
+    const FusedInstruction& f = program[k];
     for (const int operand : {static_cast<int>(f.a), static_cast<int>(f.b)}) {
       const std::string from =
-          operand >= 0 ? step_name(static_cast<std::size_t>(operand))
-                       : "n" + std::to_string(n.inputs[static_cast<std::size_t>(-(operand + 1))]);
+          operand >= 0 ? step_name(static_cast<std::size_t>(operand)) : source(-(operand + 1));
       s += "  " + from + " -> " + step_name(k) + ";\n";
       if (f.a == f.b) break;
     }
   }
-  for (const FusedStore& st : fused.stores)
-    s += "  " + step_name(static_cast<std::size_t>(st.step)) + " -> n" +
-         std::to_string(n.inputs[static_cast<std::size_t>(st.input)]) +
+  for (const FusedStore& st : stores)
+    s += "  " + step_name(static_cast<std::size_t>(st.step)) + " -> " + source(st.input) +
          " [style=dashed, label=\"store\"];\n";
+  return s;
+}
+
+/// A fused elementwise node: its steps read the node's inputs.
+inline std::string fused_cluster(const Graph& g, ValueId id, const FusedAttrs& fused) {
+  const Node& n = g.node(id);
+  return program_cluster(g, id, "fused_elementwise", fused.program, fused.stores, [&](int k) {
+    return "n" + std::to_string(n.inputs[static_cast<std::size_t>(k)]);
+  });
+}
+
+/// An anchor with an epilogue: the anchor itself (fed by its own two inputs) opens the
+/// cluster, and the epilogue's steps follow it in the same kernel.
+inline std::string epilogue_cluster(const Graph& g, ValueId id, const Epilogue& e) {
+  const Node& n = g.node(id);
+  const std::string anchor = "n" + std::to_string(id) + "_acc";
+  std::string s = program_cluster(
+      g, id, std::string(op_name(n.op)) + " + epilogue", e.program, e.stores,
+      [&](int k) {
+        return k == 0
+                   ? anchor
+                   : "n" + std::to_string(n.inputs[static_cast<std::size_t>(anchor_arity + k - 1)]);
+      },
+      "    " + anchor + " [label=\"" + std::string(op_name(n.op)) + "\"];\n");
+  for (int i = 0; i < anchor_arity; ++i)
+    s += "  n" + std::to_string(n.inputs[static_cast<std::size_t>(i)]) + " -> " + anchor + ";\n";
   return s;
 }
 } // namespace detail
@@ -52,6 +82,10 @@ inline std::string to_dot(const Graph& g) {
     const Node& n = g.node(id);
     if (const auto* fused = std::get_if<FusedAttrs>(&n.attrs)) {
       s += detail::fused_cluster(g, id, *fused);
+      continue;
+    }
+    if (const Epilogue* e = epilogue_of(n.attrs); e && !e->empty()) {
+      s += detail::epilogue_cluster(g, id, *e);
       continue;
     }
     std::string label = "%" + std::to_string(id) + " " + std::string(op_name(n.op));

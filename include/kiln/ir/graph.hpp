@@ -160,16 +160,21 @@ private:
 inline bool has_side_effect(const Node& n) {
   if (n.op == Op::Assign) return true;
   const auto* fused = std::get_if<FusedAttrs>(&n.attrs);
-  return fused && !fused->stores.empty();
+  const Epilogue* epilogue = epilogue_of(n.attrs);
+  return (fused && !fused->stores.empty()) || (epilogue && !epilogue->stores.empty());
 }
 
-/// The params a node overwrites: an assign's target, a fused node's store targets.
+/// The params a node overwrites: an assign's target, a fused node's or an epilogue's store
+/// targets.
 inline std::vector<ValueId> assigned_params(const Node& n) {
   std::vector<ValueId> targets;
   if (n.op == Op::Assign) targets.push_back(n.inputs[0]);
   if (const auto* fused = std::get_if<FusedAttrs>(&n.attrs))
     for (const FusedStore& s : fused->stores)
       targets.push_back(n.inputs[static_cast<std::size_t>(s.input)]);
+  if (const Epilogue* epilogue = epilogue_of(n.attrs))
+    for (const FusedStore& s : epilogue->stores)
+      targets.push_back(n.inputs[static_cast<std::size_t>(anchor_arity + s.input - 1)]);
   return targets;
 }
 

@@ -28,13 +28,39 @@ inline std::string attr_text(const ShapeAttrs& a) { return " {shape=" + a.shape.
 inline std::string attr_text(const FillAttrs& a) {
   return " {value=" + float_text(a.value) + ", shape=" + a.shape.str() + "}";
 }
+/// "t0=add(in0, in1); t1=relu(t0); store t0 -> in2": `input(k)` names program input k.
+template <class InputName>
+std::string program_text(const std::vector<FusedInstruction>& program,
+                         const std::vector<FusedStore>& stores, const InputName& input) {
+  const auto operand = [&](int v) { return v < 0 ? input(-(v + 1)) : "t" + std::to_string(v); };
+  std::string s;
+  for (std::size_t i = 0; i < program.size(); ++i) {
+    const FusedInstruction& f = program[i];
+    s += (i ? "; t" : "t") + std::to_string(i) + "=" + std::string(op_name(f.op)) + "(" +
+         operand(f.a);
+    if (f.b != f.a) s += ", " + operand(f.b);
+    if (f.op == Op::MulScalar || f.op == Op::AddScalar) s += ", " + float_text(f.scalar);
+    s += ")";
+  }
+  for (const FusedStore& st : stores)
+    s += "; store t" + std::to_string(st.step) + " -> " + input(st.input);
+  return s;
+}
+/// An anchor's epilogue: "acc" is the anchor's own result, inK the node's input K.
+inline std::string epilogue_text(const Epilogue& e) {
+  if (e.empty()) return "";
+  return "; epilogue " + program_text(e.program, e.stores, [](int k) {
+           return k == 0 ? std::string("acc") : "in" + std::to_string(anchor_arity + k - 1);
+         });
+}
 inline std::string attr_text(const MatMulAttrs& a) {
   return std::string(" {") + (a.transpose_a ? "ta" : "a") + ", " + (a.transpose_b ? "tb" : "b") +
-         "}";
+         epilogue_text(a.epilogue) + "}";
 }
 inline std::string attr_text(const Conv2dAttrs& a) {
   return " {stride=" + std::to_string(a.stride_h) + "x" + std::to_string(a.stride_w) +
-         ", pad=" + std::to_string(a.pad_h) + "x" + std::to_string(a.pad_w) + "}";
+         ", pad=" + std::to_string(a.pad_h) + "x" + std::to_string(a.pad_w) +
+         epilogue_text(a.epilogue) + "}";
 }
 inline std::string attr_text(const Pool2dAttrs& a) {
   return " {kernel=" + std::to_string(a.kernel) + ", stride=" + std::to_string(a.stride) +
@@ -44,21 +70,8 @@ inline std::string attr_text(const DropoutAttrs& a) {
   return " {p=" + float_text(a.p) + ", seed=" + std::to_string(a.seed) + "}";
 }
 inline std::string attr_text(const FusedAttrs& a) {
-  const auto operand = [](int v) {
-    return v < 0 ? "in" + std::to_string(-(v + 1)) : "t" + std::to_string(v);
-  };
-  std::string s = " {";
-  for (std::size_t i = 0; i < a.program.size(); ++i) {
-    const FusedInstruction& f = a.program[i];
-    s += (i ? "; t" : "t") + std::to_string(i) + "=" + std::string(op_name(f.op)) + "(" +
-         operand(f.a);
-    if (f.b != f.a) s += ", " + operand(f.b);
-    if (f.op == Op::MulScalar || f.op == Op::AddScalar) s += ", " + float_text(f.scalar);
-    s += ")";
-  }
-  for (const FusedStore& st : a.stores)
-    s += "; store t" + std::to_string(st.step) + " -> in" + std::to_string(st.input);
-  return s + "}";
+  return " {" + program_text(a.program, a.stores, [](int k) { return "in" + std::to_string(k); }) +
+         "}";
 }
 } // namespace detail
 

@@ -1,6 +1,7 @@
 // Attribute structs of the ops: plain values, copied into the plan and read by kernels.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -53,10 +54,59 @@ struct FillAttrs {
   friend bool operator==(const FillAttrs&, const FillAttrs&) = default;
 };
 
+/// One step of a fused elementwise kernel: `op` applied to operands a and b (unary ops use
+/// a only). An operand >= 0 is the result of an earlier step, < 0 is input -(operand + 1).
+struct FusedInstruction {
+  Op op = Op::Add;
+  std::int8_t a = -1;
+  std::int8_t b = -1;
+  float scalar = 0.0f; ///< the ScalarAttrs value of mul_scalar / add_scalar
+  friend bool operator==(const FusedInstruction&, const FusedInstruction&) = default;
+};
+
+/// A fused result that is also written into a param input: `step`'s value goes to input
+/// `input` (which has the fused shape). It replaces an assign, e.g. a momentum buffer's
+/// update computed on the way to the weight's.
+struct FusedStore {
+  std::int8_t step = 0;
+  std::int8_t input = 0;
+  friend bool operator==(const FusedStore&, const FusedStore&) = default;
+};
+
+/// An elementwise program an anchor (conv2d, its gradients, matmul) runs over its own result
+/// while each piece of it is still in cache: bias, activation, residual add, the relu
+/// gradient's mask, an optimizer update. Operand numbering as in FusedInstruction, over the
+/// epilogue's inputs: input 0 is the anchor's result, input k >= 1 is the node's input
+/// anchor_arity + k - 1. The last step's value is the node's output; stores write params
+/// as in a fused elementwise kernel. Made by the fuse_epilogue pass; empty when unfused.
+struct Epilogue {
+  std::vector<FusedInstruction> program;
+  std::vector<FusedStore> stores;
+  [[nodiscard]] bool empty() const { return program.empty(); }
+  /// Node inputs the epilogue reads besides the anchor's result.
+  [[nodiscard]] int extra_inputs() const {
+    int most = 0;
+    const auto see = [&most](int operand) {
+      if (operand < 0) most = std::max(most, -(operand + 1));
+    };
+    for (const FusedInstruction& f : program) {
+      see(f.a);
+      see(f.b);
+    }
+    for (const FusedStore& s : stores) most = std::max(most, static_cast<int>(s.input));
+    return most;
+  }
+  friend bool operator==(const Epilogue&, const Epilogue&) = default;
+};
+
+/// Inputs of an anchor op before its epilogue's: (x, w), (dy, w), (x, dy) or (a, b).
+inline constexpr int anchor_arity = 2;
+
 /// out = op(a)·op(b) with op = transpose when the flag is set; inputs are row-major 2-D.
 struct MatMulAttrs {
   bool transpose_a = false;
   bool transpose_b = false;
+  Epilogue epilogue{};
   friend bool operator==(const MatMulAttrs&, const MatMulAttrs&) = default;
 };
 
@@ -67,6 +117,7 @@ struct Conv2dAttrs {
   int pad_h = 0, pad_w = 0;
   int kernel_h = 0, kernel_w = 0;
   std::int64_t input_h = 0, input_w = 0;
+  Epilogue epilogue{};
   friend bool operator==(const Conv2dAttrs&, const Conv2dAttrs&) = default;
 };
 
@@ -90,25 +141,6 @@ struct DropoutAttrs {
   friend bool operator==(const DropoutAttrs&, const DropoutAttrs&) = default;
 };
 
-/// One step of a fused elementwise kernel: `op` applied to operands a and b (unary ops use
-/// a only). An operand >= 0 is the result of an earlier step, < 0 is input -(operand + 1).
-struct FusedInstruction {
-  Op op = Op::Add;
-  std::int8_t a = -1;
-  std::int8_t b = -1;
-  float scalar = 0.0f; ///< the ScalarAttrs value of mul_scalar / add_scalar
-  friend bool operator==(const FusedInstruction&, const FusedInstruction&) = default;
-};
-
-/// A fused result that is also written into a param input: `step`'s value goes to input
-/// `input` (which has the fused shape). It replaces an assign, e.g. a momentum buffer's
-/// update computed on the way to the weight's.
-struct FusedStore {
-  std::int8_t step = 0;
-  std::int8_t input = 0;
-  friend bool operator==(const FusedStore&, const FusedStore&) = default;
-};
-
 /// A chain of elementwise ops run as one kernel, element by element, over `shape`; the
 /// last instruction's result is the output. Inputs broadcast to `shape`.
 struct FusedAttrs {
@@ -121,5 +153,15 @@ struct FusedAttrs {
 /// Every attribute kind; a node holds exactly one.
 using Attrs = std::variant<NoAttrs, InputAttrs, ParamAttrs, ScalarAttrs, ShapeAttrs, FillAttrs,
                            MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs, FusedAttrs>;
+
+/// The epilogue of an anchor node's attributes, or nullptr for ops that have none.
+inline const Epilogue* epilogue_of(const Attrs& attrs) {
+  if (const auto* m = std::get_if<MatMulAttrs>(&attrs)) return &m->epilogue;
+  if (const auto* c = std::get_if<Conv2dAttrs>(&attrs)) return &c->epilogue;
+  return nullptr;
+}
+inline Epilogue* epilogue_of(Attrs& attrs) {
+  return const_cast<Epilogue*>(epilogue_of(static_cast<const Attrs&>(attrs)));
+}
 
 } // namespace kiln

@@ -3,6 +3,7 @@
 
 #include "kiln/ops/builders.hpp"
 #include "kiln/ops/op_def.hpp"
+#include "kiln/ops/program_check.hpp"
 
 namespace kiln {
 
@@ -17,14 +18,15 @@ inline void check_conv_geometry(const InferContext& c, const Conv2dAttrs& a) {
 } // namespace detail
 
 template <> struct OpDef<Op::Conv2d> : OpDefaults {
-  static constexpr int arity = 2;
+  static constexpr int arity = -1; // 2, plus its epilogue's inputs
   static constexpr FusionKind kind = FusionKind::anchor;
   static TensorType infer(const InferContext& c) {
+    const auto& a = c.attr<Conv2dAttrs>();
+    detail::check_anchor_arity(c, a.epilogue);
     c.expect_dtype(0, DType::f32);
     c.expect_dtype(1, DType::f32);
     c.expect_rank(0, 4);
     c.expect_rank(1, 4);
-    const auto& a = c.attr<Conv2dAttrs>();
     detail::check_conv_geometry(c, a);
     const Shape& x = c.in(0).shape;
     const Shape& w = c.in(1).shape;
@@ -37,10 +39,13 @@ template <> struct OpDef<Op::Conv2d> : OpDefaults {
         detail::conv_out_size(x[3], static_cast<int>(w[3]), a.stride_w, a.pad_w);
     if (oh < 1 || ow < 1)
       c.fail(errc::shape, "kernel " + w.str() + " is larger than the padded input");
-    return TensorType{Shape{x[0], w[0], oh, ow}, DType::f32};
+    const Shape y{x[0], w[0], oh, ow};
+    detail::check_epilogue(c, a.epilogue, y);
+    return TensorType{y, DType::f32};
   }
   static void grad(GradContext& c) {
     const auto& a = c.attr<Conv2dAttrs>();
+    if (!a.epilogue.empty()) fail(errc::graph, "conv2d with a fused epilogue has no gradient");
     if (c.wants(0)) c.dx[0] = conv2d_grad_input(c.dy, c.in(1), a);
     if (c.wants(1)) c.dx[1] = conv2d_grad_weight(c.in(0), c.dy, a);
   }
@@ -48,32 +53,38 @@ template <> struct OpDef<Op::Conv2d> : OpDefaults {
 
 /// dx = conv2d_grad_input(dy, w): the input gradient, of size attrs.input_h x input_w.
 template <> struct OpDef<Op::Conv2dGradInput> : OpDefaults {
-  static constexpr int arity = 2;
+  static constexpr int arity = -1; // 2, plus its epilogue's inputs
   static constexpr FusionKind kind = FusionKind::anchor;
   static TensorType infer(const InferContext& c) {
+    const auto& a = c.attr<Conv2dAttrs>();
+    detail::check_anchor_arity(c, a.epilogue);
     c.expect_rank(0, 4);
     c.expect_rank(1, 4);
-    const auto& a = c.attr<Conv2dAttrs>();
     const Shape& dy = c.in(0).shape;
     const Shape& w = c.in(1).shape;
     if (dy[1] != w[0]) c.fail(errc::shape, "gradient channels differ from weight outputs");
-    return TensorType{Shape{dy[0], w[1], a.input_h, a.input_w}, DType::f32};
+    const Shape dx{dy[0], w[1], a.input_h, a.input_w};
+    detail::check_epilogue(c, a.epilogue, dx);
+    return TensorType{dx, DType::f32};
   }
   static constexpr GradFn grad = nullptr;
 };
 
 /// dw = conv2d_grad_weight(x, dy): the weight gradient, OIHW.
 template <> struct OpDef<Op::Conv2dGradWeight> : OpDefaults {
-  static constexpr int arity = 2;
+  static constexpr int arity = -1; // 2, plus its epilogue's inputs
   static constexpr FusionKind kind = FusionKind::anchor;
   static TensorType infer(const InferContext& c) {
+    const auto& a = c.attr<Conv2dAttrs>();
+    detail::check_anchor_arity(c, a.epilogue);
     c.expect_rank(0, 4);
     c.expect_rank(1, 4);
-    const auto& a = c.attr<Conv2dAttrs>();
     const Shape& x = c.in(0).shape;
     const Shape& dy = c.in(1).shape;
     if (x[0] != dy[0]) c.fail(errc::shape, "batch sizes differ");
-    return TensorType{Shape{dy[1], x[1], a.kernel_h, a.kernel_w}, DType::f32};
+    const Shape dw{dy[1], x[1], a.kernel_h, a.kernel_w};
+    detail::check_epilogue(c, a.epilogue, dw);
+    return TensorType{dw, DType::f32};
   }
   static constexpr GradFn grad = nullptr;
 };

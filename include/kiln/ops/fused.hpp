@@ -3,6 +3,7 @@
 
 #include "kiln/ops/broadcast.hpp"
 #include "kiln/ops/op_def.hpp"
+#include "kiln/ops/program_check.hpp"
 #include "kiln/runtime/kernel_args.hpp"
 
 namespace kiln {
@@ -22,21 +23,7 @@ template <> struct OpDef<Op::FusedElementwise> : OpDefaults {
         c.fail(errc::shape,
                "input " + std::to_string(i) + " does not broadcast to " + a.shape.str());
     }
-    if (a.program.empty()) c.fail(errc::attr, "empty program");
-    for (std::size_t k = 0; k < a.program.size(); ++k) {
-      const FusedInstruction& f = a.program[k];
-      for (int operand : {static_cast<int>(f.a), static_cast<int>(f.b)})
-        if (operand >= static_cast<int>(k) || -(operand + 1) >= c.arity())
-          c.fail(errc::attr, "step " + std::to_string(k) + " reads an operand that does not exist");
-    }
-    for (const FusedStore& s : a.stores) {
-      if (s.step < 0 || s.step >= static_cast<int>(a.program.size()) || s.input < 0 ||
-          s.input >= c.arity())
-        c.fail(errc::attr, "a store names a step or input that does not exist");
-      if (c.graph.node(c.inputs[static_cast<std::size_t>(s.input)]).op != Op::Param ||
-          !(c.in(s.input).shape == a.shape))
-        c.fail(errc::attr, "stores go to params of the fused shape");
-    }
+    detail::check_program(c, a.program, a.stores, c.arity(), a.shape, [](int k) { return k; });
     return TensorType{a.shape, DType::f32};
   }
   static constexpr GradFn grad = nullptr;

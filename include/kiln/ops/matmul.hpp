@@ -3,18 +3,21 @@
 
 #include "kiln/ops/builders.hpp"
 #include "kiln/ops/op_def.hpp"
+#include "kiln/ops/program_check.hpp"
 
 namespace kiln {
 
 template <> struct OpDef<Op::MatMul> : OpDefaults {
-  static constexpr int arity = 2;
+  static constexpr int arity = -1; // 2, plus its epilogue's inputs
+
   static constexpr FusionKind kind = FusionKind::anchor;
   static TensorType infer(const InferContext& c) {
+    const auto& a = c.attr<MatMulAttrs>();
+    detail::check_anchor_arity(c, a.epilogue);
     c.expect_dtype(0, DType::f32);
     c.expect_dtype(1, DType::f32);
     c.expect_rank(0, 2);
     c.expect_rank(1, 2);
-    const auto& a = c.attr<MatMulAttrs>();
     const Shape& sa = c.in(0).shape;
     const Shape& sb = c.in(1).shape;
     const std::int64_t m = a.transpose_a ? sa[1] : sa[0];
@@ -24,10 +27,12 @@ template <> struct OpDef<Op::MatMul> : OpDefaults {
     if (ka != kb)
       c.fail(errc::shape,
              "inner dimensions differ: " + std::to_string(ka) + " vs " + std::to_string(kb));
+    detail::check_epilogue(c, a.epilogue, Shape{m, n});
     return TensorType{Shape{m, n}, DType::f32};
   }
   static void grad(GradContext& c) {
     const auto& a = c.attr<MatMulAttrs>();
+    if (!a.epilogue.empty()) fail(errc::graph, "matmul with a fused epilogue has no gradient");
     const Value A = c.in(0), B = c.in(1), dC = c.dy;
     // C = op(A) op(B); each case writes the gradient in the stored layout of A and B.
     if (c.wants(0)) {

@@ -87,6 +87,7 @@ using GradFn = void (*)(GradContext&);
 ///   static constexpr bool is_view;         output aliases input 0 (no kernel, no copy)
 ///   static TensorType infer(const InferContext&);
 ///   static void grad(GradContext&);        or `static constexpr GradFn grad = nullptr;`
+///   static int overwritable_input(const Attrs&);  optional, see OpDefaults
 /// Elementwise ops also provide the arithmetic, once, over a math policy M (scalar or SIMD):
 ///   template <class M> static typename M::V apply(const M&, V a, V b, V scalar);
 template <Op op> struct OpDef;
@@ -95,6 +96,11 @@ template <Op op> struct OpDef;
 struct OpDefaults {
   static constexpr bool is_view = false;
   static constexpr bool is_elementwise = false;
+  /// For a non-elementwise op: the input whose memory its output may take over when that
+  /// input dies here (every backend's kernel must then read each input element before it
+  /// writes the output elements at the same place), or -1. Elementwise ops may always take
+  /// over any input of their own type.
+  static int overwritable_input(const Attrs&) { return -1; }
 };
 
 } // namespace kiln

@@ -45,6 +45,12 @@ template <> struct OpDef<Op::MaxPool2dGrad> : OpDefaults {
   static constexpr FusionKind kind = FusionKind::opaque;
   static TensorType infer(const InferContext& c) { return c.in(0); }
   static constexpr GradFn grad = nullptr;
+  /// Windows that tile the plane (2x2, stride 2, no padding) are each read, then written,
+  /// once: dx can overwrite x.
+  static int overwritable_input(const Attrs& attrs) {
+    const auto* a = std::get_if<Pool2dAttrs>(&attrs);
+    return a && a->kernel == 2 && a->stride == 2 && a->padding == 0 ? 0 : -1;
+  }
 };
 
 template <> struct OpDef<Op::AvgPool2d> : OpDefaults {

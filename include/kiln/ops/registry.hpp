@@ -25,12 +25,14 @@ struct OpInfo {
   bool is_elementwise = false;
   InferFn infer = nullptr;
   GradFn grad = nullptr; ///< nullptr: not differentiable
+  int (*overwritable_input)(const Attrs&) = nullptr;
 };
 
 namespace detail {
 template <Op op> constexpr OpInfo make_op_info() {
   using D = OpDef<op>;
-  return OpInfo{op_name(op), D::arity, D::kind, D::is_view, D::is_elementwise, &D::infer, D::grad};
+  return OpInfo{op_name(op),       D::arity,  D::kind, D::is_view,
+                D::is_elementwise, &D::infer, D::grad, &D::overwritable_input};
 }
 } // namespace detail
 

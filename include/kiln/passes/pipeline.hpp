@@ -9,19 +9,25 @@
 #include "kiln/passes/eliminate_dead_nodes.hpp"
 #include "kiln/passes/fold_constants.hpp"
 #include "kiln/passes/fuse_elementwise.hpp"
+#include "kiln/passes/fuse_epilogue.hpp"
+#include "kiln/passes/move_masks_through_pools.hpp"
 #include "kiln/passes/pass.hpp"
 
 namespace kiln {
 
 /// Cleanup first, so that equivalent graphs reach fusion in the same form (canonicalize
 /// before cse, so rewritten forms merge); dead nodes go before fusion so that no group is
-/// grown around a value nobody needs.
+/// grown around a value nobody needs (the pool gradient a moved mask no longer reads among
+/// them). Elementwise chains fuse before epilogues, so that a
+/// whole chain (bias, relu; or an optimizer update) becomes one anchor's epilogue.
 inline constexpr std::array default_pipeline = {
     Pass{"fold", &fold_constants},
     Pass{"canonicalize", &canonicalize},
     Pass{"cse", &eliminate_common_subexpressions},
+    Pass{"mask_through_pool", &move_masks_through_pools},
     Pass{"dce", &eliminate_dead_nodes},
     Pass{"fuse_elementwise", &fuse_elementwise},
+    Pass{"fuse_epilogue", &fuse_epilogue},
 };
 
 /// Switches honoured by lowering rather than by a pass: "plan_memory" (share arena memory

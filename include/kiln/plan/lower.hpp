@@ -54,9 +54,10 @@ inline bool can_update_in_place(const Graph& g, ValueId a, const std::vector<Val
   return true;
 }
 
-/// Chooses, for each elementwise step, an input whose memory it can take over: same type,
-/// arena-owned (not a graph input, a param or an output), and dead after this step, views of
-/// it included. Rewrites `root` (union-find parents) and returns how many steps reuse memory.
+/// Chooses, for each elementwise step (and each step whose op names an overwritable input),
+/// an input whose memory it can take over: same type, arena-owned (not a graph input, a
+/// param or an output), and dead after this step, views of it included. Rewrites `root` (union-find
+/// parents) and returns how many steps reuse memory.
 inline std::int32_t reuse_dying_inputs(const Graph& g, const std::vector<int>& step_of,
                                        std::vector<ValueId>& root) {
   const auto n = static_cast<std::size_t>(g.size());
@@ -86,19 +87,26 @@ inline std::int32_t reuse_dying_inputs(const Graph& g, const std::vector<int>& s
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& node = g.node(id);
     const int step = step_of[static_cast<std::size_t>(id)];
-    if (step < 0 || find(id) != id ||
-        (!op_info(node.op).is_elementwise && node.op != Op::FusedElementwise))
-      continue;
-    for (ValueId in : node.inputs) {
+    const bool elementwise = op_info(node.op).is_elementwise || node.op == Op::FusedElementwise;
+    const int overwritable = op_info(node.op).overwritable_input(node.attrs);
+    if (step < 0 || find(id) != id || (!elementwise && overwritable < 0)) continue;
+    for (std::size_t k = 0; k < node.inputs.size(); ++k) {
+      if (!elementwise && static_cast<int>(k) != overwritable) continue;
+      const ValueId in = node.inputs[k];
       const ValueId r = find(in);
       const Node& owner = g.node(r);
       if (pinned[static_cast<std::size_t>(r)] || class_last[static_cast<std::size_t>(r)] != step ||
           !(owner.type == node.type) || !(g.node(in).type == node.type))
         continue;
-      // Every operand in that memory must be read at the output's own indices.
+      // Every operand in that memory must be read at the output's own indices; other ops
+      // promise that only for the one input they name.
       bool aligned = true;
-      for (ValueId other : node.inputs)
-        if (find(other) == r && !(g.node(other).type.shape == node.type.shape)) aligned = false;
+      for (std::size_t j = 0; j < node.inputs.size(); ++j) {
+        const ValueId other = node.inputs[j];
+        if (find(other) != r) continue;
+        if (!(g.node(other).type.shape == node.type.shape) || (!elementwise && j != k))
+          aligned = false;
+      }
       if (!aligned) continue;
       root[static_cast<std::size_t>(id)] = r;
       class_last[static_cast<std::size_t>(r)] =
@@ -111,6 +119,19 @@ inline std::int32_t reuse_dying_inputs(const Graph& g, const std::vector<int>& s
 }
 
 } // namespace detail
+
+/// The yardstick of memory planning: every value of `g` in a buffer of its own (params,
+/// assigns and views own no memory).
+inline std::size_t unshared_bytes(const Graph& g) {
+  std::size_t total = 0;
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const Node& node = g.node(id);
+    if (node.op == Op::Param || node.op == Op::Assign || op_info(node.op).is_view) continue;
+    total +=
+        align_up(static_cast<std::size_t>(node.type.shape.numel()) * dtype_size(node.type.dtype));
+  }
+  return total;
+}
 
 /// Lowers a verified graph for `backend`. Every node but inputs, params and views becomes
 /// one step, in graph order.
@@ -196,14 +217,8 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
     request_root.push_back(id);
   }
   plan.memory = options.share_memory ? plan_memory(requests) : place_separately(requests);
-  // The yardstick: every value of this graph in a buffer of its own, nothing shared.
-  plan.memory.naive_bytes = 0;
-  for (ValueId id = 0; id < g.size(); ++id) {
-    const Node& node = g.node(id);
-    if (node.op == Op::Param || node.op == Op::Assign || op_info(node.op).is_view) continue;
-    plan.memory.naive_bytes +=
-        align_up(static_cast<std::size_t>(node.type.shape.numel()) * dtype_size(node.type.dtype));
-  }
+  plan.memory.naive_bytes = unshared_bytes(g);
+  plan.unoptimised_bytes = plan.memory.naive_bytes;
   const MemoryPlan& memory = plan.memory;
 
   std::vector<std::size_t> offset_of(n, 0);

@@ -56,6 +56,10 @@ struct Plan {
   std::vector<std::shared_ptr<Tensor>> params; ///< kept alive while the plan exists
   std::vector<BufferRequest> buffers;          ///< every arena buffer with its lifetime in steps
   MemoryPlan memory; ///< their offsets, the arena size, the unshared total
+  /// Every value of the graph as it was built, before any pass, in a buffer of its own: what
+  /// an eager runtime without a memory pool would hold. Set by compile(); the yardstick
+  /// for what fusion and planning save together (memory.naive_bytes is planning's alone).
+  std::size_t unoptimised_bytes = 0;
   std::size_t workspace_per_thread = 0;
   int threads = 1;
   std::string backend;

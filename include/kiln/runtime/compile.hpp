@@ -48,6 +48,7 @@ inline Executor compile(const Graph& graph, const Backend& backend,
   ctx.report.optimised = optimised;
   Plan plan = lower(*optimised, backend, lowering);
   plan.output_origins = graph.outputs();
+  plan.unoptimised_bytes = unshared_bytes(graph);
   Executor exe(std::move(plan), std::move(ctx.report));
   exe.set_profiling(options.profile);
   return exe;

@@ -14,6 +14,7 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/gemm-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
@@ -215,25 +216,28 @@ inline void Col2imAdd(const ConvGeometry& g, const float* HWY_RESTRICT dcol,
   }
 }
 
-/// Op::Conv2d: y[n] = W · im2col(x[n]) per image, images in parallel.
+/// Op::Conv2d: y[n] = W · im2col(x[n]) per image, images in parallel; the epilogue runs
+/// over each image's output while it is in cache.
 inline void Conv2dKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2d, args);
   const ConvLayout layout = conv_layout(Op::Conv2d, g);
   const float* x = args.in[0].f32();
   const float* w = args.in[1].f32();
   float* y = args.out.f32();
-  const std::size_t ckk = g.ckk(), pixels = g.pixels();
+  const std::size_t ckk = g.ckk(), pixels = g.pixels(), image = g.o * pixels;
+  const EpilogueRunner epilogue(args);
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
     float* col = scratch + layout.col;
     PackColumns(g, x + n * g.c * g.h * g.w, col);
     const GemmB b{MatRef{}, col, ckk};
-    Gemm(g.o, pixels, ckk, MatRef{w, ckk, 1}, b, y + n * g.o * pixels, pixels, false, nullptr,
-         nullptr);
+    Gemm(g.o, pixels, ckk, MatRef{w, ckk, 1}, b, y + n * image, pixels, false, nullptr, nullptr);
+    epilogue(n * image, (n + 1) * image, scratch + layout.total);
   });
 }
 
-/// Op::Conv2dGradInput: dx[n] = col2im(W^T · dy[n]) per image, images in parallel.
+/// Op::Conv2dGradInput: dx[n] = col2im(W^T · dy[n]) per image, images in parallel; the
+/// epilogue (typically the previous relu's gradient mask) runs over each finished image.
 inline void Conv2dGradInputKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2dGradInput, args);
   const ConvLayout layout = conv_layout(Op::Conv2dGradInput, g);
@@ -243,6 +247,7 @@ inline void Conv2dGradInputKernel(const KernelArgs& args) {
   const std::size_t ckk = g.ckk(), pixels = g.pixels(), image = g.c * g.h * g.w;
   // W^T: element (ckk row, output channel) of the row-major [O, ckk] weight.
   const MatRef wt{w, 1, ckk};
+  const EpilogueRunner epilogue(args);
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
     const GemmB b{MatRef{dy + n * g.o * pixels, pixels, 1}};
@@ -250,13 +255,14 @@ inline void Conv2dGradInputKernel(const KernelArgs& args) {
     if (g.pointwise()) {
       Gemm(ckk, pixels, g.o, wt, b, dxn, pixels, false, scratch + layout.pack_a,
            scratch + layout.pack_b);
-      return;
+    } else {
+      float* dcol = scratch + layout.col;
+      Gemm(ckk, pixels, g.o, wt, b, dcol, pixels, false, scratch + layout.pack_a,
+           scratch + layout.pack_b);
+      std::fill_n(dxn, image, 0.0f);
+      Col2imAdd(g, dcol, dxn);
     }
-    float* dcol = scratch + layout.col;
-    Gemm(ckk, pixels, g.o, wt, b, dcol, pixels, false, scratch + layout.pack_a,
-         scratch + layout.pack_b);
-    std::fill_n(dxn, image, 0.0f);
-    Col2imAdd(g, dcol, dxn);
+    epilogue(n * image, (n + 1) * image, scratch + layout.total);
   });
 }
 
@@ -274,6 +280,7 @@ inline double TileUse(std::size_t m, std::size_t n) {
 /// into its own partial dW in the workspace; the partials are summed at the end. When there
 /// are few taps (a first layer: 9 for a 3x3 kernel on one channel), the GEMM is turned
 /// around to dW^T = col · dy^T, so that the taps fill tile rows instead of wide tile columns.
+/// The epilogue (typically the optimizer update) runs over each block of the summed dW.
 inline void Conv2dGradWeightKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2dGradWeight, args);
   const ConvLayout layout = conv_layout(Op::Conv2dGradWeight, g);
@@ -286,8 +293,10 @@ inline void Conv2dGradWeightKernel(const KernelArgs& args) {
   const auto partial = [&](std::size_t t) {
     return reinterpret_cast<float*>(args.workspace) + t * slice_floats + layout.partial;
   };
+  const EpilogueRunner epilogue(args);
   if (g.batch == 0 || pixels == 0) {
     std::fill_n(dw, size, 0.0f);
+    epilogue(0, size, ThreadScratch(args) + layout.total);
     return;
   }
   const bool by_taps = TileUse(ckk, g.o) > TileUse(g.o, ckk);
@@ -318,6 +327,7 @@ inline void Conv2dGradWeightKernel(const KernelArgs& args) {
                         for (std::size_t t = 0; t < slices; ++t) sum += partial(t)[at];
                         dw[i] = sum;
                       }
+                      epilogue(r.begin(), r.end(), ThreadScratch(args) + layout.total);
                     });
 }
 

@@ -1,5 +1,6 @@
 // Per-target elementwise kernels: every elementwise op's body (ops/elementwise.hpp) run over
-// Highway vectors with numpy broadcasting; plus fill, assign and the dropout mask.
+// Highway vectors with numpy broadcasting; fused programs (fused_elementwise nodes and the
+// epilogues anchors run over their output); plus fill, assign and the dropout mask.
 #if defined(KILN_CPU_ELEMENTWISE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KILN_CPU_ELEMENTWISE_INL_H_
 #undef KILN_CPU_ELEMENTWISE_INL_H_
@@ -7,7 +8,11 @@
 #define KILN_CPU_ELEMENTWISE_INL_H_
 #endif
 
+#include <algorithm>
+#include <array>
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include <hwy/highway.h>
 #include <oneapi/tbb/blocked_range.h>
@@ -140,21 +145,23 @@ template <Op op> void ElementwiseKernel(const KernelArgs& args) {
   });
 }
 
-/// A fused chain: each chunk of a row goes through every step of the program, keeping the
-/// intermediate results in this thread's workspace (a few KiB, so they stay in L1/L2).
-inline void FusedElementwiseKernel(const KernelArgs& args) {
-  const FusedAttrs& fused = *std::get_if<FusedAttrs>(args.attrs);
-  const auto& program = fused.program;
-  const BroadcastLoop loop = LoopOf(args);
-  const auto& rows = RowTable();
-  const auto steps = static_cast<std::int64_t>(program.size());
-  float* po = args.out.f32();
-  ForEachChunk(loop, fused_chunk, [&](std::int64_t r, std::int64_t first, std::int64_t n) {
-    auto* temps = reinterpret_cast<float*>(
-        args.workspace + static_cast<std::size_t>(tbb::this_task_arena::current_thread_index()) *
-                             args.workspace_per_thread);
+/// An elementwise program bound to the tensors of one kernel call: `base[k]` holds program
+/// input k, every input broadcasting over `loop` (built from the output's shape first).
+struct BoundProgram {
+  const std::vector<FusedInstruction>* program = nullptr;
+  const std::vector<FusedStore>* stores = nullptr;
+  std::array<float*, max_op_inputs> base{};
+  BroadcastLoop loop;
+  float* out = nullptr;
+
+  /// Runs every step over elements [first, first + n) of row r (n <= fused_chunk), the
+  /// intermediate results in `temps` ((steps - 1) chunks), the last step into out.
+  void RunPiece(std::int64_t r, std::int64_t first, std::int64_t n, float* temps) const {
+    const auto& rows = RowTable();
+    const auto steps = static_cast<std::int64_t>(program->size());
     std::int64_t offsets[max_op_inputs];
     loop.row_offsets(r, offsets);
+    float* row_out = out + r * loop.inner + first;
     const auto operand = [&](int v, std::size_t& contiguous) -> const float* {
       if (v >= 0) {
         contiguous = 1;
@@ -162,26 +169,85 @@ inline void FusedElementwiseKernel(const KernelArgs& args) {
       }
       const auto k = static_cast<std::size_t>(-(v + 1));
       contiguous = static_cast<std::size_t>(loop.inner_stride[k]);
-      return args.in[k].f32() + offsets[k] + (contiguous ? first : 0);
+      return base[k] + offsets[k] + (contiguous ? first : 0);
     };
     for (std::int64_t k = 0; k < steps; ++k) {
-      const FusedInstruction& f = program[static_cast<std::size_t>(k)];
+      const FusedInstruction& f = (*program)[static_cast<std::size_t>(k)];
       std::size_t ca = 0, cb = 0;
       const float* a = operand(f.a, ca);
       const float* b = operand(f.b, cb);
-      float* out = k + 1 == steps ? po + r * loop.inner + first : temps + k * fused_chunk;
-      rows[op_index(f.op)][ca][cb](a, b, out, n, f.scalar);
+      float* dst = k + 1 == steps ? row_out : temps + k * fused_chunk;
+      rows[op_index(f.op)][ca][cb](a, b, dst, n, f.scalar);
     }
-    // Stores go last: every step of this chunk has read the params' old values by now.
-    for (const FusedStore& st : fused.stores) {
+    // Stores go last: every step of this piece has read the params' old values by now.
+    for (const FusedStore& st : *stores) {
       const auto k = static_cast<std::size_t>(st.input);
-      const float* value =
-          st.step + 1 == steps ? po + r * loop.inner + first : temps + st.step * fused_chunk;
-      std::memcpy(args.in[k].f32() + offsets[k] + first, value,
-                  static_cast<std::size_t>(n) * sizeof(float));
+      const float* value = st.step + 1 == steps ? row_out : temps + st.step * fused_chunk;
+      std::memcpy(base[k] + offsets[k] + first, value, static_cast<std::size_t>(n) * sizeof(float));
     }
+  }
+
+  /// Runs the program over the flat output elements [begin, end) on the calling thread.
+  void RunRange(std::int64_t begin, std::int64_t end, float* temps) const {
+    while (begin < end) {
+      const std::int64_t r = begin / loop.inner, first = begin % loop.inner;
+      const std::int64_t n = std::min({fused_chunk, loop.inner - first, end - begin});
+      RunPiece(r, first, n, temps);
+      begin += n;
+    }
+  }
+};
+
+/// A fused chain: each chunk of a row goes through every step of the program, keeping the
+/// intermediate results in this thread's workspace (a few KiB, so they stay in L1/L2).
+inline void FusedElementwiseKernel(const KernelArgs& args) {
+  const FusedAttrs& fused = *std::get_if<FusedAttrs>(args.attrs);
+  BoundProgram bound{&fused.program, &fused.stores, {}, LoopOf(args), args.out.f32()};
+  for (int k = 0; k < args.num_inputs; ++k)
+    bound.base[static_cast<std::size_t>(k)] = args.in[static_cast<std::size_t>(k)].f32();
+  ForEachChunk(bound.loop, fused_chunk, [&](std::int64_t r, std::int64_t first, std::int64_t n) {
+    auto* temps = reinterpret_cast<float*>(
+        args.workspace + static_cast<std::size_t>(tbb::this_task_arena::current_thread_index()) *
+                             args.workspace_per_thread);
+    bound.RunPiece(r, first, n, temps);
   });
 }
+
+/// An anchor's epilogue bound to its kernel call: program input 0 is the anchor's output
+/// (rewritten in place), input k >= 1 the node's input anchor_arity + k - 1. Anchors call
+/// it on each piece of output they finish, while that piece is still in cache.
+class EpilogueRunner {
+public:
+  explicit EpilogueRunner(const KernelArgs& args) {
+    const Epilogue* e = args.attrs ? epilogue_of(*args.attrs) : nullptr;
+    if (!e || e->empty()) return;
+    std::array<Shape, max_op_inputs> shapes{};
+    shapes[0] = args.out.shape;
+    bound_.base[0] = args.out.f32();
+    const int operands = args.num_inputs - anchor_arity + 1;
+    for (int k = 1; k < operands; ++k) {
+      const auto& in = args.in[static_cast<std::size_t>(anchor_arity + k - 1)];
+      shapes[static_cast<std::size_t>(k)] = in.shape;
+      bound_.base[static_cast<std::size_t>(k)] = in.f32();
+    }
+    bound_.program = &e->program;
+    bound_.stores = &e->stores;
+    bound_.loop = BroadcastLoop(
+        args.out.shape, std::span<const Shape>(shapes.data(), static_cast<std::size_t>(operands)));
+    bound_.out = args.out.f32();
+  }
+
+  [[nodiscard]] bool active() const { return bound_.program != nullptr; }
+
+  /// Applies the epilogue to output elements [begin, end); temps: epilogue_floats() floats.
+  void operator()(std::size_t begin, std::size_t end, float* temps) const {
+    if (active())
+      bound_.RunRange(static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end), temps);
+  }
+
+private:
+  BoundProgram bound_{nullptr, nullptr, {}, BroadcastLoop(Shape{}, {}), nullptr};
+};
 
 inline void FillKernel(const KernelArgs& args) {
   const hn::ScalableTag<float> d;

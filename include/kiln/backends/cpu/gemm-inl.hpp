@@ -15,6 +15,7 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 
@@ -283,7 +284,8 @@ inline void Gemm(std::size_t m, std::size_t n, std::size_t k, const MatRef& a, c
 
 /// Op::MatMul: out[M,N] = op(A) · op(B). Splits C into tiles, one GEMM per tile on the
 /// running thread's workspace slice; tiles are square-ish because each one packs its own
-/// columns of B (and rows of A, when A is transposed).
+/// columns of B (and rows of A, when A is transposed). The epilogue, if any, runs over each
+/// tile right after its GEMM.
 inline void MatMulKernel(const KernelArgs& args) {
   const MatMulDims dims = matmul_dims(args);
   const std::size_t m = dims.m, n = dims.n, k = dims.k;
@@ -294,6 +296,7 @@ inline void MatMulKernel(const KernelArgs& args) {
   const MatRef b =
       dims.transpose_b ? MatRef{args.in[1].f32(), 1, k} : MatRef{args.in[1].f32(), n, 1};
   float* c = args.out.f32();
+  const EpilogueRunner epilogue(args);
 
   constexpr std::size_t mr = kGemmMR;
   const std::size_t nr = GemmNR();
@@ -325,8 +328,12 @@ inline void MatMulKernel(const KernelArgs& args) {
     float* scratch = ThreadScratch(args);
     const MatRef a_tile{a.p + i0 * a.rs, a.rs, a.cs};
     const GemmB b_tile{MatRef{b.p + j0 * b.cs, b.rs, b.cs}};
-    Gemm(std::min(tm, m - i0), std::min(tn, n - j0), k, a_tile, b_tile, c + i0 * n + j0, n, false,
+    const std::size_t rows = std::min(tm, m - i0), cols = std::min(tn, n - j0);
+    Gemm(rows, cols, k, a_tile, b_tile, c + i0 * n + j0, n, false,
          dims.transpose_a ? scratch + layout.pack_a : nullptr, scratch + layout.pack_b);
+    if (epilogue.active())
+      for (std::size_t i = i0; i < i0 + rows; ++i)
+        epilogue(i * n + j0, i * n + j0 + cols, scratch + layout.total);
   });
 }
 

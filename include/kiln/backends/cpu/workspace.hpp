@@ -32,6 +32,18 @@ inline constexpr std::size_t conv_pixel_chunk = 128;
 /// Floats are handed out in 64-byte units so every buffer starts on a cache line.
 constexpr std::size_t round_up_floats(std::size_t n) { return (n + 15) / 16 * 16; }
 
+/// Elements of a row a fused elementwise kernel processes at a time; each intermediate
+/// result takes one chunk of workspace.
+inline constexpr std::int64_t fused_chunk = 1024;
+
+/// Floats of per-thread scratch an anchor's epilogue needs (one chunk per intermediate
+/// step). Anchors place it after their own scratch.
+inline std::size_t epilogue_floats(const Attrs* attrs) {
+  const Epilogue* e = attrs ? epilogue_of(*attrs) : nullptr;
+  if (!e || e->program.size() < 2) return 0;
+  return round_up_floats((e->program.size() - 1) * static_cast<std::size_t>(fused_chunk));
+}
+
 /// Floats of the packed-A buffer of a GEMM with op(A) of M x K.
 constexpr std::size_t gemm_packed_a_floats(std::size_t m, std::size_t k) {
   using namespace gemm_blocking;
@@ -165,17 +177,15 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
   return l;
 }
 
-/// Elements of a row a fused elementwise kernel processes at a time; each intermediate
-/// result takes one chunk of workspace.
-inline constexpr std::int64_t fused_chunk = 1024;
-
 /// Bytes of scratch memory the kernel of `op` needs per worker thread for these shapes
 /// (args.in[i].shape, args.out.shape, args.attrs are set; data pointers are not).
 /// Always a multiple of 64, so every thread's slice stays cache-line aligned.
 inline std::size_t workspace_per_thread(Op op, const KernelArgs& args) {
-  if (op == Op::MatMul) return matmul_layout(matmul_dims(args)).total * sizeof(float);
+  if (op == Op::MatMul)
+    return (matmul_layout(matmul_dims(args)).total + epilogue_floats(args.attrs)) * sizeof(float);
   if (op == Op::Conv2d || op == Op::Conv2dGradInput || op == Op::Conv2dGradWeight) {
-    return conv_layout(op, conv_geometry(op, args)).total * sizeof(float);
+    return (conv_layout(op, conv_geometry(op, args)).total + epilogue_floats(args.attrs)) *
+           sizeof(float);
   }
   if (op == Op::FusedElementwise) {
     const auto& program = std::get_if<FusedAttrs>(args.attrs)->program;
