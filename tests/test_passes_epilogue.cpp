@@ -262,3 +262,36 @@ TEST_CASE("dot: an anchor with an epilogue is drawn as one cluster opened by the
   CHECK(dot.find("_acc [label=\"matmul\"]") != std::string::npos);
   CHECK(dot.find("t0 relu") != std::string::npos);
 }
+
+TEST_CASE("fuse_epilogue: a whole Adam update runs in the weight gradient's epilogue") {
+  std::vector<float> weights[2];
+  for (int off = 0; off < 2; ++off) {
+    kiln::nn::manual_seed(5);
+    kiln::nn::Sequential net{kiln::nn::Conv2d(1, 3, 3), kiln::nn::ReLU(), kiln::nn::Flatten(),
+                             kiln::nn::Linear(3 * 4 * 4, 4)};
+    kiln::Graph g;
+    auto x = g.input("x", {2, 1, 6, 6});
+    auto y = g.input("y", {2}, kiln::i32);
+    (void)kiln::train_step(kiln::softmax_cross_entropy(net(x), y), net.parameters(),
+                           kiln::optim::Adam{.lr = 0.01f});
+    auto exe = kiln::compile(
+        g, {.threads = 2,
+            .disable = off ? std::vector<std::string>{"fuse_epilogue", "fuse_elementwise"}
+                           : std::vector<std::string>{}});
+    if (!off) {
+      // Moment m, moment v and the weight: three stores in the gradient's own kernel.
+      int stores = 0;
+      for (const kiln::Node& n : exe.report().optimised->nodes())
+        if (n.op == kiln::Op::Conv2dGradWeight)
+          stores = static_cast<int>(kiln::epilogue_of(n.attrs)->stores.size());
+      CHECK(stores == 3);
+    }
+    exe.set_input("x", random_values(2 * 36, 17));
+    exe.set_input("y", std::vector<std::int32_t>{1, 3});
+    for (int step = 0; step < 3; ++step) exe.run();
+    for (const auto& p : net.parameters())
+      for (std::int64_t i = 0; i < p.tensor->numel(); ++i)
+        weights[off].push_back(p.tensor->f32()[static_cast<std::size_t>(i)]);
+  }
+  check_close(weights[0], weights[1]);
+}

@@ -82,7 +82,7 @@ constexpr std::string_view op_name(Op op) {
 constexpr std::size_t op_index(Op op) { return static_cast<std::size_t>(op); }
 
 /// The most inputs a node (and so a kernel) takes; fused nodes come closest.
-inline constexpr int max_op_inputs = 8;
+inline constexpr int max_op_inputs = 12;
 
 /// Fusion kinds in TVM's order: a producer of a lower kind can be folded into a consumer.
 enum class FusionKind : std::uint8_t {
