@@ -1,5 +1,5 @@
-// Anchor + epilogue fusion and the pool-mask rewrite: IR before and after in text form,
-// the reasons recorded, and fused results against the same graph compiled without them.
+// Anchor + epilogue fusion, loss fusion and the pool-mask rewrite: IR before and after in
+// text form, the reasons recorded, and fused results against the graph compiled without them.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -294,4 +294,68 @@ TEST_CASE("fuse_epilogue: a whole Adam update runs in the weight gradient's epil
         weights[off].push_back(p.tensor->f32()[static_cast<std::size_t>(i)]);
   }
   check_close(weights[0], weights[1]);
+}
+
+TEST_CASE("fuse_loss: the loss and its gradient become one kernel (IR before and after)") {
+  kiln::Graph g;
+  auto logits = g.input("x", {2, 3});
+  auto labels = g.input("y", {2}, kiln::i32);
+  auto loss = kiln::softmax_cross_entropy(logits, labels);
+  auto seed = g.append(kiln::Op::Fill, {}, kiln::FillAttrs{1.0f, Shape{}});
+  auto grad = kiln::softmax_cross_entropy_grad(logits, labels, seed);
+  g.mark_output(loss);
+  g.mark_output(kiln::relu(grad));
+  kiln::PassContext ctx;
+  CHECK(kiln::fuse_loss(g, ctx).changed);
+  CHECK(kiln::to_text(g) == "%0 = input \"x\" : f32[2,3]\n"
+                            "%1 = input \"y\" {classes=3} : i32[2]\n"
+                            "%2 = fill {value=1, shape=[]} : f32[]\n"
+                            "%3 = softmax_cross_entropy_with_grad(%0, %1, %2) : f32[7]\n"
+                            "%4 = part(%3) {offset=0, shape=[2,3]} : f32[2,3]\n"
+                            "%5 = part(%3) {offset=6, shape=[]} : f32[]\n"
+                            "%6 = relu(%4) : f32[2,3]\n"
+                            "outputs: %5 %6\n");
+  kiln::verify(g);
+  REQUIRE(ctx.report.fusion.size() == 1);
+  CHECK(ctx.report.fusion[0].reason == kiln::FusionReason::fused);
+}
+
+TEST_CASE("fuse_loss: a loss read before its gradient exists stays separate, with a reason") {
+  kiln::Graph g;
+  auto logits = g.input("x", {2, 3});
+  auto labels = g.input("y", {2}, kiln::i32);
+  auto loss = kiln::softmax_cross_entropy(logits, labels);
+  auto grad = kiln::softmax_cross_entropy_grad(logits, labels, kiln::mul_scalar(loss, 2.0f));
+  g.mark_output(grad);
+  kiln::PassContext ctx;
+  CHECK(!kiln::fuse_loss(g, ctx).changed);
+  REQUIRE(ctx.report.fusion.size() == 1);
+  CHECK(ctx.report.fusion[0].reason == kiln::FusionReason::read_too_early);
+}
+
+TEST_CASE("fuse_loss: same loss and gradient bits as the two separate kernels") {
+  std::vector<float> results[2];
+  for (int off = 0; off < 2; ++off) {
+    kiln::Graph g;
+    auto logits = g.input("x", {37, 10});
+    auto labels = g.input("y", {37}, kiln::i32);
+    auto loss = kiln::softmax_cross_entropy(logits, labels);
+    const std::vector<Value> wrt = {logits};
+    const Value grad = kiln::gradients(loss, wrt)[0];
+    g.mark_output(loss);
+    g.mark_output(grad);
+    auto exe = kiln::compile(
+        g, {.threads = 2,
+            .disable = off ? std::vector<std::string>{"fuse_loss"} : std::vector<std::string>{}});
+    if (!off) CHECK(exe.report().pass("fuse_loss")->changed);
+    exe.set_input("x", random_values(370, 21));
+    std::vector<std::int32_t> y(37);
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(i * 7 % 10);
+    exe.set_input("y", y);
+    exe.run();
+    results[off].push_back(exe.scalar(loss));
+    const auto d = exe.output(grad);
+    results[off].insert(results[off].end(), d.begin(), d.end());
+  }
+  CHECK(results[0] == results[1]);
 }

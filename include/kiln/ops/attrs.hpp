@@ -47,6 +47,14 @@ struct ShapeAttrs {
   friend bool operator==(const ShapeAttrs&, const ShapeAttrs&) = default;
 };
 
+/// A view of `shape` starting `offset` elements into its input's memory: one of the results
+/// a multi-result kernel writes side by side.
+struct PartAttrs {
+  std::int64_t offset = 0;
+  Shape shape;
+  friend bool operator==(const PartAttrs&, const PartAttrs&) = default;
+};
+
 /// A tensor of `shape` filled with `value` (e.g. the seed gradient 1 of a loss).
 struct FillAttrs {
   float value = 0.0f;
@@ -151,8 +159,9 @@ struct FusedAttrs {
 };
 
 /// Every attribute kind; a node holds exactly one.
-using Attrs = std::variant<NoAttrs, InputAttrs, ParamAttrs, ScalarAttrs, ShapeAttrs, FillAttrs,
-                           MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs, FusedAttrs>;
+using Attrs =
+    std::variant<NoAttrs, InputAttrs, ParamAttrs, ScalarAttrs, ShapeAttrs, PartAttrs, FillAttrs,
+                 MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs, FusedAttrs>;
 
 /// The epilogue of an anchor node's attributes, or nullptr for ops that have none.
 inline const Epilogue* epilogue_of(const Attrs& attrs) {

@@ -51,6 +51,26 @@ template <> struct OpDef<Op::SoftmaxCrossEntropyGrad> : OpDefaults {
   static constexpr GradFn grad = nullptr;
 };
 
+/// The loss and its gradient from one pass over the logits, side by side in one flat
+/// result: the gradient [N,K] (as softmax_cross_entropy_grad), then the loss (one element).
+/// Made by the fuse_loss pass, which names the two with part views.
+template <> struct OpDef<Op::SoftmaxCrossEntropyWithGrad> : OpDefaults {
+  static constexpr int arity = 3;
+  static constexpr FusionKind kind = FusionKind::reduction;
+  static TensorType infer(const InferContext& c) {
+    c.expect_dtype(0, DType::f32);
+    c.expect_dtype(1, DType::i32);
+    c.expect_rank(0, 2);
+    c.expect_rank(1, 1);
+    if (c.in(0).shape[0] != c.in(1).shape[0])
+      c.fail(errc::shape, "batch of logits " + c.in(0).shape.str() + " differs from labels " +
+                              c.in(1).shape.str());
+    if (c.in(2).shape.numel() != 1) c.fail(errc::shape, "the loss gradient must be one value");
+    return TensorType{Shape{c.in(0).shape.numel() + 1}, DType::f32};
+  }
+  static constexpr GradFn grad = nullptr;
+};
+
 inline Value log_softmax(Value x) { return x.graph->append(Op::LogSoftmax, {x.id}); }
 inline Value log_softmax_grad(Value y, Value dy) {
   return y.graph->append(Op::LogSoftmaxGrad, {y.id, dy.id});

@@ -36,6 +36,7 @@ namespace kiln {
   X(SumTo, "sum_to")                                                                               \
   /* shape (ops/shape.hpp) */                                                                      \
   X(Reshape, "reshape")                                                                            \
+  X(Part, "part")                                                                                  \
   /* anchors (ops/matmul.hpp, ops/conv.hpp) */                                                     \
   X(MatMul, "matmul")                                                                              \
   X(Conv2d, "conv2d")                                                                              \
@@ -51,6 +52,7 @@ namespace kiln {
   X(LogSoftmaxGrad, "log_softmax_grad")                                                            \
   X(SoftmaxCrossEntropy, "softmax_cross_entropy")                                                  \
   X(SoftmaxCrossEntropyGrad, "softmax_cross_entropy_grad")                                         \
+  X(SoftmaxCrossEntropyWithGrad, "softmax_cross_entropy_with_grad")                                \
   /* state update (ops/state.hpp) */                                                               \
   X(Assign, "assign")                                                                              \
   /* made by passes (ops/fused.hpp) */                                                             \

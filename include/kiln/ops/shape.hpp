@@ -19,6 +19,22 @@ template <> struct OpDef<Op::Reshape> : OpDefaults {
   static void grad(GradContext& c) { c.dx[0] = reshape(c.dy, c.in(0).shape()); }
 };
 
+/// part(x, offset, shape): the elements [offset, offset + numel(shape)) of x's memory seen as
+/// `shape`. Made by passes to name the results a multi-result kernel writes side by side.
+template <> struct OpDef<Op::Part> : OpDefaults {
+  static constexpr int arity = 1;
+  static constexpr FusionKind kind = FusionKind::injective;
+  static constexpr bool is_view = true;
+  static TensorType infer(const InferContext& c) {
+    const auto& a = c.attr<PartAttrs>();
+    if (a.offset < 0 || a.offset + a.shape.numel() > c.in(0).shape.numel())
+      c.fail(errc::attr, "part at " + std::to_string(a.offset) + " of " + a.shape.str() +
+                             " does not fit in " + c.in(0).shape.str());
+    return TensorType{a.shape, c.in(0).dtype};
+  }
+  static constexpr GradFn grad = nullptr;
+};
+
 /// Reshapes x; one dimension may be -1 and is then inferred.
 inline Value reshape(Value x, Shape shape) {
   int inferred = -1;

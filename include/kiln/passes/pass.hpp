@@ -56,12 +56,13 @@ enum class FusionReason : std::uint8_t {
   too_many_inputs,      ///< the fused kernel would read more tensors than a kernel takes
   consumer_taken,       ///< the consumer already carries another anchor's epilogue
   state_hazard,         ///< moving the anchor to its consumer would read an updated param
+  read_too_early,       ///< the producer's value is read before the consumer runs
 };
 
 constexpr std::string_view fusion_reason_name(FusionReason r) {
   constexpr std::string_view names[] = {
-      "fused",       "several_consumers", "graph_output",   "would_duplicate_work",
-      "not_fusable", "too_many_inputs",   "consumer_taken", "state_hazard"};
+      "fused",           "several_consumers", "graph_output", "would_duplicate_work", "not_fusable",
+      "too_many_inputs", "consumer_taken",    "state_hazard", "read_too_early"};
   return names[static_cast<std::size_t>(r)];
 }
 

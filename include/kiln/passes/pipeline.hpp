@@ -10,6 +10,7 @@
 #include "kiln/passes/fold_constants.hpp"
 #include "kiln/passes/fuse_elementwise.hpp"
 #include "kiln/passes/fuse_epilogue.hpp"
+#include "kiln/passes/fuse_loss.hpp"
 #include "kiln/passes/move_masks_through_pools.hpp"
 #include "kiln/passes/pass.hpp"
 
@@ -28,6 +29,7 @@ inline constexpr std::array default_pipeline = {
     Pass{"dce", &eliminate_dead_nodes},
     Pass{"fuse_elementwise", &fuse_elementwise},
     Pass{"fuse_epilogue", &fuse_epilogue},
+    Pass{"fuse_loss", &fuse_loss},
 };
 
 /// Switches honoured by lowering rather than by a pass: "plan_memory" (share arena memory

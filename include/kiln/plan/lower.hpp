@@ -143,13 +143,19 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
   plan.threads = options.threads > 0 ? options.threads : tbb::info::default_concurrency();
   const auto n = static_cast<std::size_t>(g.size());
 
-  // Storage roots: a view or an assign shares the memory of what it aliases.
+  // Storage roots: a view or an assign shares the memory of what it aliases, a part view
+  // from a byte offset into it.
   std::vector<ValueId> root(n);
+  std::vector<std::size_t> view_offset(n, 0);
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& node = g.node(id);
     const bool aliases = op_info(node.op).is_view || node.op == Op::Assign;
-    root[static_cast<std::size_t>(id)] =
-        aliases ? root[static_cast<std::size_t>(node.inputs[0])] : id;
+    const auto u = static_cast<std::size_t>(id);
+    root[u] = aliases ? root[static_cast<std::size_t>(node.inputs[0])] : id;
+    if (!aliases) continue;
+    view_offset[u] = view_offset[static_cast<std::size_t>(node.inputs[0])];
+    if (const auto* part = std::get_if<PartAttrs>(&node.attrs))
+      view_offset[u] += static_cast<std::size_t>(part->offset) * dtype_size(node.type.dtype);
   }
 
   const auto find = [&root](ValueId v) { return detail::storage_root(root, v); };
@@ -235,10 +241,11 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
     if (const auto* p = std::get_if<ParamAttrs>(&g.node(r).attrs)) {
       b.storage = BufferRef::Storage::param;
       b.tensor = p->tensor.get();
+      b.offset = view_offset[static_cast<std::size_t>(id)];
       if (id == r) plan.params.push_back(p->tensor);
     } else {
       b.storage = BufferRef::Storage::arena;
-      b.offset = offset_of[static_cast<std::size_t>(r)];
+      b.offset = offset_of[static_cast<std::size_t>(r)] + view_offset[static_cast<std::size_t>(id)];
     }
     if (const auto* in = std::get_if<InputAttrs>(&node.attrs))
       plan.inputs.push_back({in->name, id, b, in->label_classes});

@@ -18,7 +18,7 @@ namespace kiln {
 struct BufferRef {
   enum class Storage : std::uint8_t { none, arena, param };
   Storage storage = Storage::none;
-  std::size_t offset = 0;   ///< into the arena, for Storage::arena
+  std::size_t offset = 0;   ///< bytes into the arena, or into the param (a part view of it)
   Tensor* tensor = nullptr; ///< for Storage::param
   Shape shape;
   DType dtype = DType::f32;

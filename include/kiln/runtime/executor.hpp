@@ -119,7 +119,7 @@ public:
 private:
   [[nodiscard]] TensorView view(const BufferRef& b) const {
     void* data = b.storage == BufferRef::Storage::param
-                     ? b.tensor->data()
+                     ? static_cast<void*>(static_cast<std::byte*>(b.tensor->data()) + b.offset)
                      : static_cast<void*>(arena_.get() + b.offset);
     return TensorView{data, b.shape, b.dtype};
   }

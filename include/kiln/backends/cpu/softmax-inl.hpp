@@ -155,6 +155,16 @@ inline void SoftmaxCrossEntropy(const KernelArgs& args) {
   *args.out.f32() = static_cast<float>(total / static_cast<double>(r.rows));
 }
 
+/// One row of the gradient: (softmax(x) - onehot(label)) * scale, given the row's lse.
+HWY_INLINE void CrossEntropyGradRow(const float* xr, std::int64_t cols, float lse,
+                                    std::int32_t label, float scale, float* dxr) {
+  ForEachChunk(cols, [&](auto d, std::int64_t j) HWY_ATTR {
+    const auto p = hn::Exp(d, hn::Sub(hn::LoadU(d, xr + j), hn::Set(d, lse)));
+    hn::StoreU(hn::Mul(p, hn::Set(d, scale)), d, dxr + j);
+  });
+  dxr[label] -= scale;
+}
+
 inline void SoftmaxCrossEntropyGrad(const KernelArgs& args) {
   const Rows r = RowsOf(args.in[0].shape);
   const float* x = args.in[0].f32();
@@ -163,14 +173,37 @@ inline void SoftmaxCrossEntropyGrad(const KernelArgs& args) {
   float* dx = args.out.f32();
   ForEachRow(r, [&](std::int64_t i) HWY_ATTR {
     const float* xr = x + i * r.cols;
-    float* dxr = dx + i * r.cols;
-    const float lse = RowLogSumExp(xr, r.cols);
-    ForEachChunk(r.cols, [&](auto d, std::int64_t j) HWY_ATTR {
-      const auto p = hn::Exp(d, hn::Sub(hn::LoadU(d, xr + j), hn::Set(d, lse)));
-      hn::StoreU(hn::Mul(p, hn::Set(d, scale)), d, dxr + j);
-    });
-    dxr[labels[i]] -= scale;
+    CrossEntropyGradRow(xr, r.cols, RowLogSumExp(xr, r.cols), labels[i], scale, dx + i * r.cols);
   });
+}
+
+/// The gradient rows and the mean loss from one logsumexp per row; the loss is summed in
+/// the same deterministic order as SoftmaxCrossEntropy, so both give the same bits.
+inline void SoftmaxCrossEntropyWithGrad(const KernelArgs& args) {
+  const Rows r = RowsOf(args.in[0].shape);
+  const float* x = args.in[0].f32();
+  const std::int32_t* labels = args.in[1].i32();
+  const float scale = *args.in[2].f32() / static_cast<float>(std::max<std::int64_t>(1, r.rows));
+  float* dx = args.out.f32();
+  float* loss = dx + r.rows * r.cols;
+  if (r.rows == 0) {
+    *loss = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const std::int64_t grain = std::max<std::int64_t>(1, kMinTaskElements / r.cols);
+  const double total = tbb::parallel_deterministic_reduce(
+      tbb::blocked_range<std::int64_t>(0, r.rows, grain), 0.0,
+      [&](const tbb::blocked_range<std::int64_t>& b, double acc) HWY_ATTR {
+        for (std::int64_t i = b.begin(); i != b.end(); ++i) {
+          const float* xr = x + i * r.cols;
+          const float lse = RowLogSumExp(xr, r.cols);
+          acc += static_cast<double>(lse - xr[labels[i]]);
+          CrossEntropyGradRow(xr, r.cols, lse, labels[i], scale, dx + i * r.cols);
+        }
+        return acc;
+      },
+      [](double a, double b) { return a + b; });
+  *loss = static_cast<float>(total / static_cast<double>(r.rows));
 }
 
 } // namespace softmax_detail
@@ -191,12 +224,18 @@ inline void SoftmaxCrossEntropyGradKernel(const KernelArgs& args) {
   softmax_detail::SoftmaxCrossEntropyGrad(args);
 }
 
+/// softmax_cross_entropy_with_grad: (logits, labels, dloss) -> [gradient..., loss].
+inline void SoftmaxCrossEntropyWithGradKernel(const KernelArgs& args) {
+  softmax_detail::SoftmaxCrossEntropyWithGrad(args);
+}
+
 /// Puts this target's log_softmax and softmax cross-entropy kernels into the table.
 inline void RegisterSoftmaxKernels(KernelTable& table) {
   table.run[op_index(Op::LogSoftmax)] = &LogSoftmaxKernel;
   table.run[op_index(Op::LogSoftmaxGrad)] = &LogSoftmaxGradKernel;
   table.run[op_index(Op::SoftmaxCrossEntropy)] = &SoftmaxCrossEntropyKernel;
   table.run[op_index(Op::SoftmaxCrossEntropyGrad)] = &SoftmaxCrossEntropyGradKernel;
+  table.run[op_index(Op::SoftmaxCrossEntropyWithGrad)] = &SoftmaxCrossEntropyWithGradKernel;
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE
