@@ -6,6 +6,19 @@
 
 namespace kiln {
 
+namespace detail {
+/// Logits f32 [N,K] and labels i32 [N] of the same batch.
+inline void check_logits_and_labels(const InferContext& c) {
+  c.expect_dtype(0, DType::f32);
+  c.expect_dtype(1, DType::i32);
+  c.expect_rank(0, 2);
+  c.expect_rank(1, 1);
+  if (c.in(0).shape[0] != c.in(1).shape[0])
+    c.fail(errc::shape, "batch of logits " + c.in(0).shape.str() + " differs from labels " +
+                            c.in(1).shape.str());
+}
+} // namespace detail
+
 template <> struct OpDef<Op::LogSoftmax> : OpDefaults {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::reduction;
@@ -30,13 +43,7 @@ template <> struct OpDef<Op::SoftmaxCrossEntropy> : OpDefaults {
   static constexpr int arity = 2;
   static constexpr FusionKind kind = FusionKind::reduction;
   static TensorType infer(const InferContext& c) {
-    c.expect_dtype(0, DType::f32);
-    c.expect_dtype(1, DType::i32);
-    c.expect_rank(0, 2);
-    c.expect_rank(1, 1);
-    if (c.in(0).shape[0] != c.in(1).shape[0])
-      c.fail(errc::shape, "batch of logits " + c.in(0).shape.str() + " differs from labels " +
-                              c.in(1).shape.str());
+    detail::check_logits_and_labels(c);
     return TensorType{Shape{}, DType::f32};
   }
   static void grad(GradContext& c) {
@@ -58,13 +65,7 @@ template <> struct OpDef<Op::SoftmaxCrossEntropyWithGrad> : OpDefaults {
   static constexpr int arity = 3;
   static constexpr FusionKind kind = FusionKind::reduction;
   static TensorType infer(const InferContext& c) {
-    c.expect_dtype(0, DType::f32);
-    c.expect_dtype(1, DType::i32);
-    c.expect_rank(0, 2);
-    c.expect_rank(1, 1);
-    if (c.in(0).shape[0] != c.in(1).shape[0])
-      c.fail(errc::shape, "batch of logits " + c.in(0).shape.str() + " differs from labels " +
-                              c.in(1).shape.str());
+    detail::check_logits_and_labels(c);
     if (c.in(2).shape.numel() != 1) c.fail(errc::shape, "the loss gradient must be one value");
     return TensorType{Shape{c.in(0).shape.numel() + 1}, DType::f32};
   }

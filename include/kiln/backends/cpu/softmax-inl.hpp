@@ -131,28 +131,36 @@ inline void LogSoftmaxGrad(const KernelArgs& args) {
   });
 }
 
-inline void SoftmaxCrossEntropy(const KernelArgs& args) {
-  const Rows r = RowsOf(args.in[0].shape);
-  const float* x = args.in[0].f32();
-  const std::int32_t* labels = args.in[1].i32();
+/// The mean over rows of logsumexp(row) - row[label], written to *loss; on_row(i, lse) runs
+/// for every row too. A deterministic reduction: the loss must not depend on the thread
+/// count, and the fused and separate kernels give the same bits.
+template <class OnRow>
+void MeanCrossEntropy(const Rows& r, const float* x, const std::int32_t* labels, float* loss,
+                      const OnRow& on_row) {
   if (r.rows == 0) {
     // The mean over no rows is 0/0.
-    *args.out.f32() = std::numeric_limits<float>::quiet_NaN();
+    *loss = std::numeric_limits<float>::quiet_NaN();
     return;
   }
-  // Deterministic reduction: the loss must not depend on the thread count.
   const std::int64_t grain = std::max<std::int64_t>(1, kMinTaskElements / r.cols);
   const double total = tbb::parallel_deterministic_reduce(
       tbb::blocked_range<std::int64_t>(0, r.rows, grain), 0.0,
       [&](const tbb::blocked_range<std::int64_t>& b, double acc) HWY_ATTR {
         for (std::int64_t i = b.begin(); i != b.end(); ++i) {
           const float* xr = x + i * r.cols;
-          acc += static_cast<double>(RowLogSumExp(xr, r.cols) - xr[labels[i]]);
+          const float lse = RowLogSumExp(xr, r.cols);
+          acc += static_cast<double>(lse - xr[labels[i]]);
+          on_row(i, lse);
         }
         return acc;
       },
       [](double a, double b) { return a + b; });
-  *args.out.f32() = static_cast<float>(total / static_cast<double>(r.rows));
+  *loss = static_cast<float>(total / static_cast<double>(r.rows));
+}
+
+inline void SoftmaxCrossEntropy(const KernelArgs& args) {
+  MeanCrossEntropy(RowsOf(args.in[0].shape), args.in[0].f32(), args.in[1].i32(), args.out.f32(),
+                   [](std::int64_t, float) {});
 }
 
 /// One row of the gradient: (softmax(x) - onehot(label)) * scale, given the row's lse.
@@ -185,25 +193,9 @@ inline void SoftmaxCrossEntropyWithGrad(const KernelArgs& args) {
   const std::int32_t* labels = args.in[1].i32();
   const float scale = *args.in[2].f32() / static_cast<float>(std::max<std::int64_t>(1, r.rows));
   float* dx = args.out.f32();
-  float* loss = dx + r.rows * r.cols;
-  if (r.rows == 0) {
-    *loss = std::numeric_limits<float>::quiet_NaN();
-    return;
-  }
-  const std::int64_t grain = std::max<std::int64_t>(1, kMinTaskElements / r.cols);
-  const double total = tbb::parallel_deterministic_reduce(
-      tbb::blocked_range<std::int64_t>(0, r.rows, grain), 0.0,
-      [&](const tbb::blocked_range<std::int64_t>& b, double acc) HWY_ATTR {
-        for (std::int64_t i = b.begin(); i != b.end(); ++i) {
-          const float* xr = x + i * r.cols;
-          const float lse = RowLogSumExp(xr, r.cols);
-          acc += static_cast<double>(lse - xr[labels[i]]);
-          CrossEntropyGradRow(xr, r.cols, lse, labels[i], scale, dx + i * r.cols);
-        }
-        return acc;
-      },
-      [](double a, double b) { return a + b; });
-  *loss = static_cast<float>(total / static_cast<double>(r.rows));
+  MeanCrossEntropy(r, x, labels, dx + r.rows * r.cols, [&](std::int64_t i, float lse) HWY_ATTR {
+    CrossEntropyGradRow(x + i * r.cols, r.cols, lse, labels[i], scale, dx + i * r.cols);
+  });
 }
 
 } // namespace softmax_detail
