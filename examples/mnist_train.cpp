@@ -169,10 +169,12 @@ int run(const Options& o) {
               plan.target.c_str());
   if (o.explain_fusion) {
     std::printf(
-        "fusion decisions (producer -> consumer: reason), numbered as in the graph fusion saw:\n");
+        "fusion decisions (pass: producer -> consumer: reason), numbered as in the graph each "
+        "pass saw:\n");
     for (const kiln::FusionDecision& d : step.report().fusion)
-      std::printf("  %%%d %s -> %%%d %s: %s\n", d.producer, d.producer_op.c_str(), d.consumer,
-                  d.consumer_op.c_str(), std::string(kiln::fusion_reason_name(d.reason)).c_str());
+      std::printf("  %-16s %%%d %s -> %%%d %s: %s\n", d.pass.c_str(), d.producer,
+                  d.producer_op.c_str(), d.consumer, d.consumer_op.c_str(),
+                  std::string(kiln::fusion_reason_name(d.reason)).c_str());
   }
   if (!o.dot.empty()) {
     std::ofstream out(o.dot);

@@ -88,6 +88,8 @@ TEST_CASE("fuse_epilogue: conv2d + bias + relu becomes one conv2d node (IR befor
   kiln::verify(g);
   CHECK(ctx.report.fusion.back().reason == kiln::FusionReason::fused);
   CHECK(ctx.report.fusion.back().producer_op == "conv2d");
+  CHECK(ctx.report.fusion.back().consumer_op == "fused_elementwise");
+  CHECK(ctx.report.fusion.back().pass == "fuse_epilogue");
 }
 
 TEST_CASE("fuse_epilogue: rejections carry their reasons") {

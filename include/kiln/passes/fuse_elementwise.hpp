@@ -55,8 +55,7 @@ inline PassResult fuse_elementwise(Graph& g, PassContext& ctx) {
   std::vector<detail::FusionGroup> groups;
 
   const auto decide = [&](ValueId producer, ValueId consumer, FusionReason reason) {
-    ctx.report.fusion.push_back({producer, consumer, std::string(op_name(g.node(producer).op)),
-                                 std::string(op_name(g.node(consumer).op)), reason});
+    ctx.decide("fuse_elementwise", g, producer, consumer, reason);
   };
 
   for (ValueId root = g.size() - 1; root >= 0; --root) {

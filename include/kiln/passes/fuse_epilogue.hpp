@@ -59,8 +59,7 @@ inline PassResult fuse_epilogue(Graph& g, PassContext& ctx) {
   PassResult result;
 
   const auto decide = [&](ValueId producer, ValueId consumer, FusionReason reason) {
-    ctx.report.fusion.push_back({producer, consumer, std::string(op_name(g.node(producer).op)),
-                                 std::string(op_name(g.node(consumer).op)), reason});
+    ctx.decide("fuse_epilogue", g, producer, consumer, reason);
   };
   // Whether a node in (from, to) overwrites a param that `reader` reads.
   const auto updated_between = [&](const Node& reader, ValueId from, ValueId to) {
@@ -153,10 +152,10 @@ inline PassResult fuse_epilogue(Graph& g, PassContext& ctx) {
       merged.inputs.insert(merged.inputs.end(), extra.begin(), extra.end());
       *epilogue_of(merged.attrs) = std::move(epilogue);
       merged.type = c.type;
+      decide(p, id, FusionReason::fused);
       g.node(id) = std::move(merged);
       keep[pu] = false;
       taken = true;
-      decide(p, id, FusionReason::fused);
       result.count("epilogues");
       result.count(std::string(op_name(anchor.op)) + "_epilogues");
     }

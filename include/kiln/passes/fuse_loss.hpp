@@ -29,9 +29,8 @@ inline PassResult fuse_loss(Graph& g, PassContext& ctx) {
       const auto& readers = users[static_cast<std::size_t>(loss)];
       const bool later =
           std::all_of(readers.begin(), readers.end(), [&](ValueId r) { return r > grad; });
-      ctx.report.fusion.push_back({loss, grad, std::string(op_name(ln.op)),
-                                   std::string(op_name(gn.op)),
-                                   later ? FusionReason::fused : FusionReason::read_too_early});
+      ctx.decide("fuse_loss", g, loss, grad,
+                 later ? FusionReason::fused : FusionReason::read_too_early);
       if (!later) continue;
       loss_of[static_cast<std::size_t>(grad)] = loss;
       absorbed[static_cast<std::size_t>(loss)] = true;

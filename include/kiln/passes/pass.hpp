@@ -66,12 +66,14 @@ constexpr std::string_view fusion_reason_name(FusionReason r) {
   return names[static_cast<std::size_t>(r)];
 }
 
-/// One fusion decision, in terms of the graph the fusion pass saw (its text form names them).
+/// One fusion decision of one pass, in terms of the graph that pass saw (its text form, as
+/// dumped before the pass, names them).
 struct FusionDecision {
   ValueId producer = -1;
   ValueId consumer = -1;
   std::string producer_op, consumer_op;
   FusionReason reason = FusionReason::fused;
+  std::string pass{};
 };
 
 /// Everything compilation learned: per pass records and fusion decisions.
@@ -101,6 +103,13 @@ struct PassContext {
   CompileReport report;
 
   [[nodiscard]] bool enabled(std::string_view name) const { return !disabled.contains(name); }
+
+  /// Records that `pass` did or did not merge producer into consumer, and why.
+  void decide(std::string_view pass, const Graph& g, ValueId producer, ValueId consumer,
+              FusionReason reason) {
+    report.fusion.push_back({producer, consumer, std::string(op_name(g.node(producer).op)),
+                             std::string(op_name(g.node(consumer).op)), reason, std::string(pass)});
+  }
 };
 
 using PassFn = PassResult (*)(Graph&, PassContext&);
