@@ -1,6 +1,7 @@
 // fuse_loss: softmax cross-entropy and its gradient from one kernel that reads the logits once.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "kiln/passes/pass.hpp"
@@ -38,34 +39,27 @@ inline PassResult fuse_loss(Graph& g, PassContext& ctx) {
     }
   }
   PassResult result;
-  std::vector<ValueId> new_id(n, -1);
-  std::vector<Node> nodes;
-  const auto renumber = [&](ValueId v) { return new_id[static_cast<std::size_t>(v)]; };
+  if (std::none_of(absorbed.begin(), absorbed.end(), [](bool a) { return a; })) return result;
+  GraphRebuild rebuild(g);
   for (ValueId id = 0; id < g.size(); ++id) {
     if (absorbed[static_cast<std::size_t>(id)]) continue;
-    Node node = g.node(id);
-    for (ValueId& in : node.inputs) in = renumber(in);
     const ValueId loss = loss_of[static_cast<std::size_t>(id)];
     if (loss < 0) {
-      new_id[static_cast<std::size_t>(id)] = static_cast<ValueId>(nodes.size());
-      nodes.push_back(std::move(node));
+      rebuild.keep(g, id);
       continue;
     }
-    const Shape grad_shape = node.type.shape;
-    const std::int64_t elements = grad_shape.numel();
-    nodes.push_back(Node{Op::SoftmaxCrossEntropyWithGrad, node.inputs, NoAttrs{},
-                         TensorType{Shape{elements + 1}, DType::f32}});
-    const auto both = static_cast<ValueId>(nodes.size() - 1);
-    nodes.push_back(Node{Op::Part, {both}, PartAttrs{0, grad_shape}, node.type});
-    new_id[static_cast<std::size_t>(id)] = static_cast<ValueId>(nodes.size() - 1);
-    nodes.push_back(Node{Op::Part, {both}, PartAttrs{elements, Shape{}}, g.node(loss).type});
-    new_id[static_cast<std::size_t>(loss)] = static_cast<ValueId>(nodes.size() - 1);
+    const Node& grad = g.node(id);
+    std::vector<ValueId> inputs;
+    for (ValueId in : grad.inputs) inputs.push_back(rebuild.renumber(in));
+    const std::int64_t elements = grad.type.shape.numel();
+    const ValueId both = rebuild.push(Node{Op::SoftmaxCrossEntropyWithGrad, std::move(inputs),
+                                           NoAttrs{}, TensorType{Shape{elements + 1}, DType::f32}});
+    rebuild.map(id, rebuild.push(Node{Op::Part, {both}, PartAttrs{0, grad.type.shape}, grad.type}));
+    rebuild.map(loss, rebuild.push(
+                          Node{Op::Part, {both}, PartAttrs{elements, Shape{}}, g.node(loss).type}));
     result.count("losses_fused");
   }
-  if (!result.changed) return result;
-  std::vector<ValueId> outputs;
-  for (ValueId o : g.outputs()) outputs.push_back(renumber(o));
-  g.reset(std::move(nodes), std::move(outputs));
+  rebuild.finish(g);
   return result;
 }
 

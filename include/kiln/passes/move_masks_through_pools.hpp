@@ -40,30 +40,24 @@ inline PassResult move_masks_through_pools(Graph& g, PassContext&) {
   PassResult result;
   if (!any) return result;
 
-  std::vector<ValueId> new_id(static_cast<std::size_t>(g.size()), -1);
-  std::vector<Node> nodes;
-  const auto renumber = [&](ValueId v) { return new_id[static_cast<std::size_t>(v)]; };
+  GraphRebuild rebuild(g);
   for (ValueId id = 0; id < g.size(); ++id) {
-    Node node = g.node(id);
     const ValueId pool = pool_of[static_cast<std::size_t>(id)];
-    if (pool >= 0) {
-      const Node& pool_grad = g.node(node.inputs[1]);
-      const ValueId dp = pool_grad.inputs[1];
-      nodes.push_back(
-          Node{Op::ReluGrad, {renumber(pool), renumber(dp)}, NoAttrs{}, g.node(dp).type});
-      const auto masked = static_cast<ValueId>(nodes.size() - 1);
-      node = Node{
-          Op::MaxPool2dGrad, {renumber(node.inputs[0]), masked}, pool_grad.attrs, pool_grad.type};
-      result.count("masks_moved");
-    } else {
-      for (ValueId& in : node.inputs) in = renumber(in);
+    if (pool < 0) {
+      rebuild.keep(g, id);
+      continue;
     }
-    new_id[static_cast<std::size_t>(id)] = static_cast<ValueId>(nodes.size());
-    nodes.push_back(std::move(node));
+    const Node& pool_grad = g.node(g.node(id).inputs[1]);
+    const ValueId dp = pool_grad.inputs[1];
+    const ValueId masked = rebuild.push(Node{
+        Op::ReluGrad, {rebuild.renumber(pool), rebuild.renumber(dp)}, NoAttrs{}, g.node(dp).type});
+    rebuild.map(id, rebuild.push(Node{Op::MaxPool2dGrad,
+                                      {rebuild.renumber(pool_grad.inputs[0]), masked},
+                                      pool_grad.attrs,
+                                      pool_grad.type}));
+    result.count("masks_moved");
   }
-  std::vector<ValueId> outputs;
-  for (ValueId o : g.outputs()) outputs.push_back(renumber(o));
-  g.reset(std::move(nodes), std::move(outputs));
+  rebuild.finish(g);
   return result;
 }
 

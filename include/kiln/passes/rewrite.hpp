@@ -1,6 +1,7 @@
 // Graph-rewriting helpers shared by the passes: use lists, and compaction with renumbering.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "kiln/ir/graph.hpp"
@@ -43,5 +44,38 @@ inline std::int32_t compact(Graph& g, const std::vector<bool>& keep,
   g.reset(std::move(nodes), std::move(outputs));
   return dropped;
 }
+
+/// Builds a graph's replacement node by node, for passes that insert nodes: `push` appends a
+/// node (its inputs already in new numbering) and returns its new id, `map` records which new
+/// value stands for an old one, `renumber` reads that record.
+class GraphRebuild {
+public:
+  explicit GraphRebuild(const Graph& g) : new_id_(static_cast<std::size_t>(g.size()), -1) {}
+
+  ValueId push(Node node) {
+    nodes_.push_back(std::move(node));
+    return static_cast<ValueId>(nodes_.size() - 1);
+  }
+  void map(ValueId old_id, ValueId now) { new_id_[static_cast<std::size_t>(old_id)] = now; }
+  [[nodiscard]] ValueId renumber(ValueId old_id) const {
+    return new_id_[static_cast<std::size_t>(old_id)];
+  }
+  /// Old node `id` unchanged but for its inputs' numbering.
+  void keep(const Graph& g, ValueId id) {
+    Node node = g.node(id);
+    for (ValueId& in : node.inputs) in = renumber(in);
+    map(id, push(std::move(node)));
+  }
+  /// Replaces g's nodes, its outputs renumbered.
+  void finish(Graph& g) {
+    std::vector<ValueId> outputs;
+    for (ValueId o : g.outputs()) outputs.push_back(renumber(o));
+    g.reset(std::move(nodes_), std::move(outputs));
+  }
+
+private:
+  std::vector<ValueId> new_id_;
+  std::vector<Node> nodes_;
+};
 
 } // namespace kiln

@@ -17,7 +17,6 @@
 #include <hwy/highway.h>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
-#include <oneapi/tbb/task_arena.h>
 
 #include "hwy/contrib/math/math-inl.h"
 #include "kiln/backends/cpu/broadcast_loop.hpp"
@@ -206,10 +205,7 @@ inline void FusedElementwiseKernel(const KernelArgs& args) {
   for (int k = 0; k < args.num_inputs; ++k)
     bound.base[static_cast<std::size_t>(k)] = args.in[static_cast<std::size_t>(k)].f32();
   ForEachChunk(bound.loop, fused_chunk, [&](std::int64_t r, std::int64_t first, std::int64_t n) {
-    auto* temps = reinterpret_cast<float*>(
-        args.workspace + static_cast<std::size_t>(tbb::this_task_arena::current_thread_index()) *
-                             args.workspace_per_thread);
-    bound.RunPiece(r, first, n, temps);
+    bound.RunPiece(r, first, n, ThreadScratch(args));
   });
 }
 

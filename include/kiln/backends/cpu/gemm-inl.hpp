@@ -64,13 +64,6 @@ struct GemmB {
   std::size_t depth = 0;
 };
 
-/// The slice of args.workspace that belongs to the calling worker thread.
-inline float* ThreadScratch(const KernelArgs& args) {
-  const int t = tbb::this_task_arena::current_thread_index();
-  const std::size_t slot = t < 0 ? 0 : static_cast<std::size_t>(t);
-  return reinterpret_cast<float*>(args.workspace + slot * args.workspace_per_thread);
-}
-
 /// c[0:m, 0:n] (+)= A_sliver · B_sliver over depth kc; B holds NR values per k. A is either
 /// packed (MR values per k) or, when kDirectA, read in place from m rows of stride lda, each
 /// contiguous in k; rows past m repeat the last one, so edge tiles never read outside A. Full

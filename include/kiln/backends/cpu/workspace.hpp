@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <variant>
 
+#include <oneapi/tbb/task_arena.h>
+
 #include "kiln/ops/op_list.hpp"
 #include "kiln/runtime/kernel_args.hpp"
 
@@ -28,6 +30,13 @@ inline constexpr std::size_t max_nr = 64;
 /// Pixels of the column-matrix rows that conv2d_grad_weight builds at a time before
 /// transposing them into its GEMM operand (max_nr rows of them stay in L1).
 inline constexpr std::size_t conv_pixel_chunk = 128;
+
+/// The slice of args.workspace that belongs to the calling worker thread.
+inline float* ThreadScratch(const KernelArgs& args) {
+  const int t = tbb::this_task_arena::current_thread_index();
+  const std::size_t slot = t < 0 ? 0 : static_cast<std::size_t>(t);
+  return reinterpret_cast<float*>(args.workspace + slot * args.workspace_per_thread);
+}
 
 /// Floats are handed out in 64-byte units so every buffer starts on a cache line.
 constexpr std::size_t round_up_floats(std::size_t n) { return (n + 15) / 16 * 16; }
