@@ -361,3 +361,29 @@ TEST_CASE("fuse_loss: same loss and gradient bits as the two separate kernels") 
   }
   CHECK(results[0] == results[1]);
 }
+
+TEST_CASE("fuse_epilogue: an anchor never stores into a param it reads itself") {
+  std::vector<float> results[2];
+  for (int off = 0; off < 2; ++off) {
+    kiln::Graph g;
+    auto w = g.param("w", random_tensor(Shape{96, 96}, 23));
+    auto x = g.input("x", {96, 96});
+    // w = relu(w · x): the matmul reads w whole; a fused store would overwrite it tile by tile.
+    (void)g.append(kiln::Op::Assign, {w.id, kiln::relu(kiln::matmul(w, x)).id});
+    auto exe = kiln::compile(g, {.threads = 2,
+                                 .disable = off ? std::vector<std::string>{"fuse_epilogue"}
+                                                : std::vector<std::string>{}});
+    if (!off) {
+      bool hazard = false;
+      for (const auto& d : exe.report().fusion)
+        hazard = hazard || d.reason == kiln::FusionReason::state_hazard;
+      CHECK(hazard);
+    }
+    exe.set_input("x", random_values(96 * 96, 29));
+    exe.run();
+    const auto* p = std::get_if<kiln::ParamAttrs>(&g.node(w.id).attrs);
+    const auto values = p->tensor->f32();
+    results[off].assign(values.begin(), values.end());
+  }
+  check_close(results[0], results[1]);
+}

@@ -48,8 +48,8 @@ inline bool consumer_program(const Node& n, ConsumerProgram& out) {
 /// relu (+ residual add) after a forward conv or linear layer, the relu gradient's mask after
 /// a grad-input GEMM, the optimizer update after a weight gradient. When the consumer's value
 /// is only assigned to a param that nothing later reads, the epilogue stores it there and the
-/// assign goes. Every anchor that feeds an elementwise node gets a decision in
-/// ctx.report.fusion.
+/// assign goes, unless the anchor itself reads that param. Every anchor that feeds an elementwise
+/// node gets a decision in ctx.report.fusion.
 inline PassResult fuse_epilogue(Graph& g, PassContext& ctx) {
   const auto n = static_cast<std::size_t>(g.size());
   const auto users = consumers(g);
@@ -144,6 +144,20 @@ inline PassResult fuse_epilogue(Graph& g, PassContext& ctx) {
       if (absorbed >= 0) {
         const auto last = static_cast<std::int8_t>(epilogue.program.size() - 1);
         epilogue.stores.push_back({last, store_input(g.node(absorbed).inputs[0])});
+      }
+      // The GEMM reads its operands whole while the epilogue writes tile by tile: a param the
+      // anchor reads must not be one it stores.
+      const bool stores_own_operand =
+          std::any_of(epilogue.stores.begin(), epilogue.stores.end(), [&](const FusedStore& s) {
+            const ValueId target = extra[static_cast<std::size_t>(s.input - 1)];
+            return std::find(anchor.inputs.begin(), anchor.inputs.end(), target) !=
+                   anchor.inputs.end();
+          });
+      if (stores_own_operand) {
+        decide(p, id, FusionReason::state_hazard);
+        continue;
+      }
+      if (absorbed >= 0) {
         keep[static_cast<std::size_t>(absorbed)] = false;
         result.count("assigns_absorbed");
       }
