@@ -68,11 +68,19 @@ void bench(const char* name, kiln::Op op, std::vector<Input> inputs, kiln::Shape
               flops / gflops[gflops.size() / 2] * 1e-6, args.workspace_per_thread / 1024);
 }
 
+/// A 3x3 convolution, NCHW or, when `channels_last`, the layout pass's NHWC form with its
+/// pre-packed weight.
 void bench_conv(const char* name, kiln::Op op, std::int64_t n, std::int64_t c, std::int64_t hw,
-                std::int64_t o, int repeats) {
+                std::int64_t o, int repeats, bool channels_last = false) {
   const std::int64_t k = 3, ohw = hw - k + 1;
-  const kiln::Shape x{n, c, hw, hw}, w{o, c, k, k}, y{n, o, ohw, ohw};
-  const kiln::Attrs attrs = kiln::Conv2dAttrs{};
+  const kiln::Shape x = channels_last ? kiln::Shape{n, hw, hw, c} : kiln::Shape{n, c, hw, hw};
+  const kiln::Shape y = channels_last ? kiln::Shape{n, ohw, ohw, o} : kiln::Shape{n, o, ohw, ohw};
+  kiln::Shape w{o, c, k, k};
+  if (channels_last && op != kiln::Op::Conv2dGradWeight)
+    w = op == kiln::Op::Conv2d ? kiln::Shape{k, k, c, o} : kiln::Shape{k, k, o, c};
+  kiln::Conv2dAttrs conv;
+  conv.channels_last = channels_last;
+  const kiln::Attrs attrs = conv;
   const double flops = 2.0 * static_cast<double>(n * o * ohw * ohw * c * k * k);
   if (op == kiln::Op::Conv2d) {
     bench(name, op, {random_input(x, 1), random_input(w, 2)}, y, attrs, flops, repeats);
@@ -108,6 +116,11 @@ int main(int argc, char** argv) {
     bench_conv("conv 32->64 3x3 26x26", Op::Conv2d, 64, 32, 26, 64, repeats);
     bench_conv("conv 32->64 dX", Op::Conv2dGradInput, 64, 32, 26, 64, repeats);
     bench_conv("conv 32->64 dW", Op::Conv2dGradWeight, 64, 32, 26, 64, repeats);
+    bench_conv("conv 1->32 3x3 28x28, NHWC", Op::Conv2d, 64, 1, 28, 32, repeats, true);
+    bench_conv("conv 1->32 dW, NHWC", Op::Conv2dGradWeight, 64, 1, 28, 32, repeats, true);
+    bench_conv("conv 32->64 3x3 26x26, NHWC", Op::Conv2d, 64, 32, 26, 64, repeats, true);
+    bench_conv("conv 32->64 dX, NHWC", Op::Conv2dGradInput, 64, 32, 26, 64, repeats, true);
+    bench_conv("conv 32->64 dW, NHWC", Op::Conv2dGradWeight, 64, 32, 26, 64, repeats, true);
     bench_matmul("matmul [64,9216]x[128,9216]^T", 64, 128, 9216, false, true, repeats);
     bench_matmul("matmul [128,64]^T x [64,9216] (dW)", 128, 9216, 64, true, false, repeats);
     bench_matmul("matmul [64,128]x[128,9216] (dX)", 64, 9216, 128, false, false, repeats);

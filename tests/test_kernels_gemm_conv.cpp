@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -139,6 +140,75 @@ void check_conv(const ConvShape& s, std::uint64_t seed) {
   });
 }
 
+/// v, a 4-D tensor of sizes `dims`, with its axes reordered: result axis i is axis perm[i].
+std::vector<float> permuted(const std::vector<float>& v, std::array<std::size_t, 4> dims,
+                            std::array<std::size_t, 4> perm) {
+  const std::array<std::size_t, 4> stride{dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3],
+                                          1};
+  std::vector<float> out(v.size());
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < dims[perm[0]]; ++i)
+    for (std::size_t j = 0; j < dims[perm[1]]; ++j)
+      for (std::size_t k = 0; k < dims[perm[2]]; ++k)
+        for (std::size_t l = 0; l < dims[perm[3]]; ++l)
+          out[at++] = v[i * stride[perm[0]] + j * stride[perm[1]] + k * stride[perm[2]] +
+                        l * stride[perm[3]]];
+  return out;
+}
+
+/// Checks the channels-last conv2d and gradients ([N, H, W, C] activations, pre-packed
+/// weights) against the scalar NCHW references, their results transposed. The input
+/// gradient only exists at stride 1 and for multiples of 16 input channels.
+void check_conv_channels_last(const ConvShape& s, std::uint64_t seed) {
+  CAPTURE(s.c);
+  CAPTURE(s.o);
+  CAPTURE(s.kh);
+  CAPTURE(s.stride_h);
+  CAPTURE(s.pad_h);
+  const std::array<std::size_t, 4> x_dims{s.n, s.c, s.h, s.w}, w_dims{s.o, s.c, s.kh, s.kw},
+      y_dims{s.n, s.o, s.oh(), s.ow()};
+  constexpr std::array<std::size_t, 4> to_nhwc{0, 2, 3, 1};
+  std::vector<float> x = random_values(s.n * s.c * s.h * s.w, seed);
+  std::vector<float> w = random_values(s.o * s.c * s.kh * s.kw, seed + 1);
+  std::vector<float> dy = random_values(s.n * s.o * s.oh() * s.ow(), seed + 2);
+  std::vector<float> x_nhwc = permuted(x, x_dims, to_nhwc);
+  std::vector<float> dy_nhwc = permuted(dy, y_dims, to_nhwc);
+  std::vector<float> w_hwio = permuted(w, w_dims, {2, 3, 1, 0});
+  std::vector<float> w_hwoi = permuted(w, w_dims, {2, 3, 0, 1});
+  const Shape xs = shape_of({s.n, s.h, s.w, s.c});
+  const Shape ys = shape_of({s.n, s.oh(), s.ow(), s.o});
+  Conv2dAttrs a = std::get<Conv2dAttrs>(conv_attrs(s));
+  a.channels_last = true;
+  const Attrs attrs = a;
+  const std::vector<float> y_want = permuted(kiln::test::ref::conv2d(s, x, w), y_dims, to_nhwc);
+  const std::vector<float> dw_want = kiln::test::ref::conv2d_grad_weight(s, x, dy);
+  kiln::test::for_each_target([&](const KernelTable& t) {
+    CAPTURE(std::string(t.target_name));
+    {
+      INFO("conv2d, channels-last");
+      check_close(run(t, Op::Conv2d,
+                      {view(x_nhwc, xs), view(w_hwio, shape_of({s.kh, s.kw, s.c, s.o}))}, ys,
+                      attrs),
+                  y_want);
+    }
+    if (s.stride_h == 1 && s.stride_w == 1 && s.c % 16 == 0) {
+      INFO("conv2d_grad_input, channels-last");
+      const std::vector<float> dx_want =
+          permuted(kiln::test::ref::conv2d_grad_input(s, dy, w), x_dims, to_nhwc);
+      check_close(run(t, Op::Conv2dGradInput,
+                      {view(dy_nhwc, ys), view(w_hwoi, shape_of({s.kh, s.kw, s.o, s.c}))}, xs,
+                      attrs),
+                  dx_want);
+    }
+    {
+      INFO("conv2d_grad_weight, channels-last");
+      check_close(run(t, Op::Conv2dGradWeight, {view(x_nhwc, xs), view(dy_nhwc, ys)},
+                      shape_of({s.o, s.c, s.kh, s.kw}), attrs),
+                  dw_want);
+    }
+  });
+}
+
 } // namespace
 
 TEST_CASE("matmul kernel: small and odd shapes") {
@@ -262,6 +332,40 @@ TEST_CASE("gemm and conv kernels in task arenas of 1 and 2 threads") {
       REQUIRE(tbb::this_task_arena::max_concurrency() == threads);
       check_conv(s, 800);
       check_matmul(mm, 810);
+    });
+  }
+}
+
+TEST_CASE("channels-last conv kernels against the NCHW references") {
+  // The MNIST CNN's two convolutions (one input channel; 32 -> 64 channels).
+  check_conv_channels_last({.n = 2, .c = 1, .h = 28, .w = 28, .o = 32, .kh = 3, .kw = 3}, 900);
+  check_conv_channels_last({.n = 3, .c = 32, .h = 26, .w = 26, .o = 64, .kh = 3, .kw = 3}, 910);
+  // Padding (a halo around x, and a narrower one around dy), odd sizes, 48 channels (tiles
+  // of one vector), a 5x5 kernel and a stride-2 forward.
+  check_conv_channels_last(
+      {.n = 2, .c = 16, .h = 7, .w = 9, .o = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}, 920);
+  check_conv_channels_last({.n = 2, .c = 48, .h = 6, .w = 5, .o = 48, .kh = 3, .kw = 3}, 930);
+  check_conv_channels_last(
+      {.n = 1, .c = 16, .h = 9, .w = 8, .o = 32, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2}, 940);
+  check_conv_channels_last({.n = 2,
+                            .c = 16,
+                            .h = 9,
+                            .w = 10,
+                            .o = 32,
+                            .kh = 3,
+                            .kw = 3,
+                            .stride_h = 2,
+                            .stride_w = 2,
+                            .pad_h = 1,
+                            .pad_w = 1},
+                           950);
+  for (const int threads : {1, 2}) {
+    CAPTURE(threads);
+    tbb::task_arena arena(threads);
+    arena.execute([&] {
+      check_conv_channels_last(
+          {.n = 5, .c = 16, .h = 6, .w = 6, .o = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+          960);
     });
   }
 }

@@ -120,11 +120,15 @@ struct MatMulAttrs {
 
 /// Convolution geometry, shared by conv2d and both its gradients. Weight layout OIHW.
 /// `input_h/input_w` and `kernel_h/kernel_w` record the shapes the gradients must produce.
+/// `channels_last` is set only by the layout pass: activations are then [N, H, W, C], the
+/// weight input is pre-packed ([KH, KW, C, O] for conv2d, [KH, KW, O, C] for the input
+/// gradient) and the weight gradient is still OIHW.
 struct Conv2dAttrs {
   int stride_h = 1, stride_w = 1;
   int pad_h = 0, pad_w = 0;
   int kernel_h = 0, kernel_w = 0;
   std::int64_t input_h = 0, input_w = 0;
+  bool channels_last = false;
   Epilogue epilogue{};
   friend bool operator==(const Conv2dAttrs&, const Conv2dAttrs&) = default;
 };

@@ -1,4 +1,5 @@
-// 2-D convolution (NCHW input, OIHW weight) and its two gradients.
+// 2-D convolution (NCHW input, OIHW weight) and its two gradients; their channels-last
+// forms, which only the layout pass builds.
 #pragma once
 
 #include "kiln/ops/builders.hpp"
@@ -7,13 +8,39 @@
 
 namespace kiln {
 
+/// Channel counts a channels-last kernel tiles over (output channels; the input's for the input
+/// gradient) must be multiples of this: whole vectors on every x86 SIMD target.
+inline constexpr std::int64_t channels_last_multiple = 16;
+
 namespace detail {
+inline void check_channels_last_width(const InferContext& c, const Conv2dAttrs& a,
+                                      std::int64_t channels) {
+  if (a.channels_last && channels % channels_last_multiple != 0)
+    c.fail(errc::attr, "channels-last convolution tiles over " + std::to_string(channels) +
+                           " channels, not a multiple of " +
+                           std::to_string(channels_last_multiple));
+}
 inline std::int64_t conv_out_size(std::int64_t in, int kernel, int stride, int pad) {
   return (in + 2 * pad - kernel) / stride + 1;
 }
 inline void check_conv_geometry(const InferContext& c, const Conv2dAttrs& a) {
   if (a.stride_h < 1 || a.stride_w < 1 || a.pad_h < 0 || a.pad_w < 0)
     c.fail(errc::attr, "stride must be >= 1 and padding >= 0");
+}
+/// Logical NCHW sizes of a channels-last [N, H, W, C] shape (identity otherwise).
+inline Shape nchw_of(const Shape& s, bool channels_last) {
+  return channels_last ? Shape{s[0], s[3], s[1], s[2]} : s;
+}
+inline Shape stored_as(const Shape& nchw, bool channels_last) {
+  return channels_last ? Shape{nchw[0], nchw[2], nchw[3], nchw[1]} : nchw;
+}
+/// OIHW sizes of a conv2d weight input: OIHW itself, or pre-packed [KH, KW, C, O].
+inline Shape oihw_of_forward_weight(const Shape& w, bool channels_last) {
+  return channels_last ? Shape{w[3], w[2], w[0], w[1]} : w;
+}
+/// OIHW sizes of a conv2d_grad_input weight input: OIHW itself, or pre-packed [KH, KW, O, C].
+inline Shape oihw_of_backward_weight(const Shape& w, bool channels_last) {
+  return channels_last ? Shape{w[2], w[3], w[0], w[1]} : w;
 }
 } // namespace detail
 
@@ -28,8 +55,8 @@ template <> struct OpDef<Op::Conv2d> : OpDefaults {
     c.expect_rank(0, 4);
     c.expect_rank(1, 4);
     detail::check_conv_geometry(c, a);
-    const Shape& x = c.in(0).shape;
-    const Shape& w = c.in(1).shape;
+    const Shape x = detail::nchw_of(c.in(0).shape, a.channels_last);
+    const Shape w = detail::oihw_of_forward_weight(c.in(1).shape, a.channels_last);
     if (x[1] != w[1])
       c.fail(errc::shape, "input has " + std::to_string(x[1]) + " channels, weight expects " +
                               std::to_string(w[1]));
@@ -39,13 +66,16 @@ template <> struct OpDef<Op::Conv2d> : OpDefaults {
         detail::conv_out_size(x[3], static_cast<int>(w[3]), a.stride_w, a.pad_w);
     if (oh < 1 || ow < 1)
       c.fail(errc::shape, "kernel " + w.str() + " is larger than the padded input");
-    const Shape y{x[0], w[0], oh, ow};
+    detail::check_channels_last_width(c, a, w[0]);
+    const Shape y = detail::stored_as(Shape{x[0], w[0], oh, ow}, a.channels_last);
     detail::check_epilogue(c, a.epilogue, y);
     return TensorType{y, DType::f32};
   }
   static void grad(GradContext& c) {
     const auto& a = c.attr<Conv2dAttrs>();
-    if (!a.epilogue.empty()) fail(errc::graph, "conv2d with a fused epilogue has no gradient");
+    if (!a.epilogue.empty() || a.channels_last)
+      fail(errc::graph, "conv2d with a fused epilogue or a channels-last layout has no gradient "
+                        "(passes run after autodiff)");
     if (c.wants(0)) c.dx[0] = conv2d_grad_input(c.dy, c.in(1), a);
     if (c.wants(1)) c.dx[1] = conv2d_grad_weight(c.in(0), c.dy, a);
   }
@@ -60,10 +90,15 @@ template <> struct OpDef<Op::Conv2dGradInput> : OpDefaults {
     detail::check_anchor_arity(c, a.epilogue);
     c.expect_rank(0, 4);
     c.expect_rank(1, 4);
-    const Shape& dy = c.in(0).shape;
-    const Shape& w = c.in(1).shape;
+    const Shape dy = detail::nchw_of(c.in(0).shape, a.channels_last);
+    const Shape w = detail::oihw_of_backward_weight(c.in(1).shape, a.channels_last);
     if (dy[1] != w[0]) c.fail(errc::shape, "gradient channels differ from weight outputs");
-    const Shape dx{dy[0], w[1], a.input_h, a.input_w};
+    // The channels-last kernel is a stride-1 convolution of the padded gradient.
+    if (a.channels_last &&
+        (a.stride_h != 1 || a.stride_w != 1 || a.pad_h >= w[2] || a.pad_w >= w[3]))
+      c.fail(errc::attr, "channels-last conv2d_grad_input needs stride 1 and padding < kernel");
+    detail::check_channels_last_width(c, a, w[1]);
+    const Shape dx = detail::stored_as(Shape{dy[0], w[1], a.input_h, a.input_w}, a.channels_last);
     detail::check_epilogue(c, a.epilogue, dx);
     return TensorType{dx, DType::f32};
   }
@@ -79,9 +114,10 @@ template <> struct OpDef<Op::Conv2dGradWeight> : OpDefaults {
     detail::check_anchor_arity(c, a.epilogue);
     c.expect_rank(0, 4);
     c.expect_rank(1, 4);
-    const Shape& x = c.in(0).shape;
-    const Shape& dy = c.in(1).shape;
+    const Shape x = detail::nchw_of(c.in(0).shape, a.channels_last);
+    const Shape dy = detail::nchw_of(c.in(1).shape, a.channels_last);
     if (x[0] != dy[0]) c.fail(errc::shape, "batch sizes differ");
+    detail::check_channels_last_width(c, a, dy[1]);
     const Shape dw{dy[1], x[1], a.kernel_h, a.kernel_w};
     detail::check_epilogue(c, a.epilogue, dw);
     return TensorType{dw, DType::f32};

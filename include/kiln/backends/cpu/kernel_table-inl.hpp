@@ -10,6 +10,7 @@
 #include <hwy/highway.h>
 
 #include "kiln/backends/cpu/conv-inl.hpp"
+#include "kiln/backends/cpu/conv_channels_last-inl.hpp"
 #include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/gemm-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
@@ -28,6 +29,7 @@ inline const KernelTable* GetKernelTable() {
     RegisterReduceKernels(t);
     RegisterGemmKernels(t);
     RegisterConvKernels(t);
+    RegisterChannelsLastConvKernels(t);
     RegisterPoolKernels(t);
     RegisterSoftmaxKernels(t);
     return t;

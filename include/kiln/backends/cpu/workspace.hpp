@@ -109,6 +109,7 @@ struct ConvGeometry {
   std::size_t o = 0, kh = 0, kw = 0;          // weight [O, C, KH, KW]
   std::size_t oh = 0, ow = 0;                 // output y
   std::size_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  bool channels_last = false; // activations [N, H, W, C]; see Conv2dAttrs
 
   /// Rows of the column matrix: one per (input channel, kernel row, kernel column).
   [[nodiscard]] std::size_t ckk() const { return c * kh * kw; }
@@ -125,6 +126,7 @@ inline ConvGeometry conv_geometry(Op op, const KernelArgs& args) {
   ConvGeometry g;
   const auto* attrs = args.attrs ? std::get_if<Conv2dAttrs>(args.attrs) : nullptr;
   if (attrs) {
+    g.channels_last = attrs->channels_last;
     g.stride_h = static_cast<std::size_t>(attrs->stride_h);
     g.stride_w = static_cast<std::size_t>(attrs->stride_w);
     g.pad_h = static_cast<std::size_t>(attrs->pad_h);
@@ -138,6 +140,18 @@ inline ConvGeometry conv_geometry(Op op, const KernelArgs& args) {
                    : op == Op::Conv2dGradInput ? args.in[0].shape
                                                : args.in[1].shape;
   g.batch = u(x[0]);
+  if (g.channels_last) {
+    g.h = u(x[1]);
+    g.w = u(x[2]);
+    g.c = u(x[3]);
+    g.oh = u(y[1]);
+    g.ow = u(y[2]);
+    g.o = u(y[3]);
+    // Pre-packed [KH, KW, ...] weights, or the OIHW weight gradient.
+    g.kh = u(op == Op::Conv2dGradWeight ? w[2] : w[0]);
+    g.kw = u(op == Op::Conv2dGradWeight ? w[3] : w[1]);
+    return g;
+  }
   g.c = u(x[1]);
   g.h = u(x[2]);
   g.w = u(x[3]);
@@ -156,6 +170,23 @@ struct ConvLayout {
   std::size_t col = 0, pack_a = 0, pack_b = 0, rows = 0, partial = 0, total = 0;
 };
 
+/// The zero border a channels-last kernel puts around the image it reads: the convolution's
+/// padding around x, or kernel - 1 - padding around dy for the input gradient, which is a
+/// stride-1 convolution of dy with the flipped kernel.
+struct ConvHalo {
+  std::size_t top = 0, left = 0, height = 0, width = 0, channels = 0; // height/width padded
+  [[nodiscard]] bool any() const { return top > 0 || left > 0; }
+  [[nodiscard]] std::size_t floats() const { return height * width * channels; }
+};
+
+inline ConvHalo conv_halo(Op op, const ConvGeometry& g) {
+  if (op == Op::Conv2dGradInput) {
+    const std::size_t top = g.kh - 1 - g.pad_h, left = g.kw - 1 - g.pad_w;
+    return {top, left, g.oh + 2 * top, g.ow + 2 * left, g.o};
+  }
+  return {g.pad_h, g.pad_w, g.h + 2 * g.pad_h, g.w + 2 * g.pad_w, g.c};
+}
+
 inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
   ConvLayout l;
   const std::size_t p = g.pixels(), ckk = g.ckk();
@@ -165,6 +196,15 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
     at += round_up_floats(floats);
     return start;
   };
+  if (g.channels_last) {
+    // The zero-padded image the implicit GEMM reads (none without a halo); grad-weight also
+    // keeps this thread's partial dW in [KH, KW, C, O] order.
+    const ConvHalo halo = conv_halo(op, g);
+    l.col = take(halo.any() ? halo.floats() : 0);
+    if (op == Op::Conv2dGradWeight) l.partial = take(g.o * ckk);
+    l.total = at;
+    return l;
+  }
   if (op == Op::Conv2d) {
     // y = W · col: col is B (K = ckk, N = pixels), packed while it is built; W is read in place.
     l.col = take(gemm_prepacked_b_floats(p, ckk));

@@ -1,0 +1,358 @@
+// Per-target channels-last ([N, H, W, C]) convolutions as implicit GEMMs that read the image in
+// place, with no column matrix; re-included per target.
+#if defined(KILN_CPU_CONV_CHANNELS_LAST_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KILN_CPU_CONV_CHANNELS_LAST_INL_H_
+#undef KILN_CPU_CONV_CHANNELS_LAST_INL_H_
+#else
+#define KILN_CPU_CONV_CHANNELS_LAST_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+#include <variant>
+
+#include <hwy/highway.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include "kiln/backends/cpu/conv-inl.hpp"
+#include "kiln/backends/cpu/elementwise-inl.hpp"
+#include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/workspace.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace kiln::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The layout pass only picks channels-last when the channel counts it tiles over are
+// multiples of 16, so every tile column is a whole number of vectors on every x86 target.
+static_assert(16 % kGemmMaxLanes == 0, "channels-last tiles assume at most 16 lanes");
+
+// A tile is MR rows x NV vectors of accumulators: 24 of them fit the AVX-512 register file
+// beside the B vectors and the broadcast, 12 the others. Each row is read through its own
+// pointer, so MR stays at 8 to leave general registers for the loop.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+inline constexpr std::size_t kConvAccumulators = 24;
+#else
+inline constexpr std::size_t kConvAccumulators = 12;
+#endif
+template <std::size_t NV>
+inline constexpr std::size_t
+    kConvMR = std::max<std::size_t>(1, std::min<std::size_t>(8, kConvAccumulators / NV));
+
+/// The widest tile (in vectors, 4, 2 or 1) that divides a row of `channels` floats.
+inline std::size_t ConvTileVectors(std::size_t channels) {
+  const std::size_t vectors = channels / hn::Lanes(GemmTag());
+  return vectors % 4 == 0 ? 4 : vectors % 2 == 0 ? 2 : 1;
+}
+
+/// The taps of a kernel walked in order: tap (i, j) reads its rows at i * row_step + j *
+/// col_step and multiplies by the depth x ldb block of B at b + (i * kw + j) * b_step (a
+/// negative b_step walks the kernel flipped).
+struct TapWalk {
+  std::size_t kh, kw;
+  std::ptrdiff_t row_step, col_step;
+  const float* b;
+  std::ptrdiff_t b_step;
+};
+
+/// c[r, 0 : NV vectors] (+)= sum over taps and k < depth of row[r][tap offset + k] * B[tap][k]:
+/// a GEMM tile whose A rows are the image's pixels, read in place. Rows past m repeat the
+/// last one and are not stored.
+template <std::size_t MR, std::size_t NV>
+HWY_INLINE void ImplicitTile(const float* const* row, std::size_t m, const TapWalk& taps,
+                             std::size_t depth, std::size_t ldb, float* HWY_RESTRICT c,
+                             std::size_t ldc) {
+  const GemmTag d;
+  using V = hn::Vec<GemmTag>;
+  const std::size_t lanes = hn::Lanes(d);
+  V acc[MR][NV];
+  HWY_UNROLL(8)
+  for (std::size_t r = 0; r < MR; ++r) {
+    HWY_UNROLL(4)
+    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
+  }
+  const float* a[MR];
+  HWY_UNROLL(8)
+  for (std::size_t r = 0; r < MR; ++r) a[r] = row[std::min(r, m - 1)];
+  // One loop over every (tap, k), not one per tap: with nested loops GCC -O3 keeps the
+  // accumulators in memory, at half the speed.
+  std::ptrdiff_t offset = 0;
+  std::size_t i = 0, j = 0, k = 0;
+  const float* b = taps.b;
+  for (std::size_t step = 0, steps = taps.kh * taps.kw * depth; step < steps; ++step) {
+    V bv[NV];
+    HWY_UNROLL(4)
+    for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, b + v * lanes);
+    HWY_UNROLL(8)
+    for (std::size_t r = 0; r < MR; ++r) {
+      const V av = hn::Set(d, a[r][offset + static_cast<std::ptrdiff_t>(k)]);
+      HWY_UNROLL(4)
+      for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+    }
+    b += ldb;
+    if (++k < depth) continue;
+    k = 0;
+    if (++j == taps.kw) {
+      j = 0;
+      ++i;
+    }
+    offset = static_cast<std::ptrdiff_t>(i) * taps.row_step +
+             static_cast<std::ptrdiff_t>(j) * taps.col_step;
+    b = taps.b + static_cast<std::ptrdiff_t>(i * taps.kw + j) * taps.b_step;
+  }
+  for (std::size_t r = 0; r < m; ++r) {
+    HWY_UNROLL(4)
+    for (std::size_t v = 0; v < NV; ++v) hn::StoreU(acc[r][v], d, c + r * ldc + v * lanes);
+  }
+}
+
+/// One image of a channels-last convolution: out[p, 0:n] = sum over taps of image pixels
+/// under the kernel at output pixel p (out_h x out_w of them, `stride` apart, each
+/// `channels` floats) times B. `width` is the image's row length in pixels.
+template <std::size_t NV>
+void ImplicitGemm(const float* image, std::size_t width, std::size_t channels, std::size_t stride_h,
+                  std::size_t stride_w, std::size_t out_h, std::size_t out_w, TapWalk taps,
+                  std::size_t n, float* out) {
+  constexpr std::size_t mr = kConvMR<NV>;
+  const std::size_t nr = NV * hn::Lanes(GemmTag()), pixels = out_h * out_w;
+  taps.row_step = static_cast<std::ptrdiff_t>(width * channels);
+  taps.col_step = static_cast<std::ptrdiff_t>(channels);
+  const float* row[mr];
+  for (std::size_t p0 = 0; p0 < pixels; p0 += mr) {
+    const std::size_t m = std::min(mr, pixels - p0);
+    for (std::size_t r = 0; r < m; ++r) {
+      const std::size_t oh = (p0 + r) / out_w, ow = (p0 + r) % out_w;
+      row[r] = image + (oh * stride_h * width + ow * stride_w) * channels;
+    }
+    for (std::size_t j = 0; j < n; j += nr) {
+      TapWalk at = taps;
+      at.b += j;
+      ImplicitTile<mr, NV>(row, m, at, channels, n, out + p0 * n + j, n);
+    }
+  }
+}
+
+/// ImplicitGemm with the tile width chosen from n, the output channels.
+inline void ImplicitGemmAnyWidth(const float* image, std::size_t width, std::size_t channels,
+                                 std::size_t stride_h, std::size_t stride_w, std::size_t out_h,
+                                 std::size_t out_w, const TapWalk& taps, std::size_t n,
+                                 float* out) {
+  switch (ConvTileVectors(n)) {
+  case 4:
+    ImplicitGemm<4>(image, width, channels, stride_h, stride_w, out_h, out_w, taps, n, out);
+    break;
+  case 2:
+    ImplicitGemm<2>(image, width, channels, stride_h, stride_w, out_h, out_w, taps, n, out);
+    break;
+  default:
+    ImplicitGemm<1>(image, width, channels, stride_h, stride_w, out_h, out_w, taps, n, out);
+  }
+}
+
+/// Copies an h x w image of `halo.channels` channels into the middle of dst, a zeroed
+/// halo.height x halo.width image.
+inline void PadImage(const float* HWY_RESTRICT image, std::size_t h, std::size_t w,
+                     const ConvHalo& halo, float* HWY_RESTRICT dst) {
+  ZeroFloats(dst, halo.floats());
+  const std::size_t row = w * halo.channels;
+  for (std::size_t i = 0; i < h; ++i) {
+    CopyFloats(dst + ((halo.top + i) * halo.width + halo.left) * halo.channels, image + i * row,
+               row);
+  }
+}
+
+/// The image a channels-last kernel reads: in place, or padded into `scratch` when the
+/// convolution has a halo. Returns it and its row length in pixels.
+inline std::pair<const float*, std::size_t> HaloedImage(const float* image, std::size_t h,
+                                                        std::size_t w, const ConvHalo& halo,
+                                                        float* scratch) {
+  if (!halo.any()) return {image, w};
+  PadImage(image, h, w, halo, scratch);
+  return {scratch, halo.width};
+}
+
+/// Op::Conv2d, channels-last: y[n] = implicit GEMM of x[n] with the [KH, KW, C, O] weight,
+/// images in parallel; the epilogue runs over each image's output while it is in cache.
+inline void Conv2dChannelsLastKernel(const KernelArgs& args) {
+  const ConvGeometry g = conv_geometry(Op::Conv2d, args);
+  const ConvLayout layout = conv_layout(Op::Conv2d, g);
+  const ConvHalo halo = conv_halo(Op::Conv2d, g);
+  const float* x = args.in[0].f32();
+  const float* w = args.in[1].f32();
+  float* y = args.out.f32();
+  const std::size_t image = g.pixels() * g.o;
+  const EpilogueRunner epilogue(args);
+  tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
+    float* scratch = ThreadScratch(args);
+    const auto [in, width] = HaloedImage(x + n * g.h * g.w * g.c, g.h, g.w, halo, scratch);
+    const TapWalk taps{g.kh, g.kw, 0, 0, w, static_cast<std::ptrdiff_t>(g.c * g.o)};
+    ImplicitGemmAnyWidth(in, width, g.c, g.stride_h, g.stride_w, g.oh, g.ow, taps, g.o,
+                         y + n * image);
+    epilogue(n * image, (n + 1) * image, scratch + layout.total);
+  });
+}
+
+/// Op::Conv2dGradInput, channels-last (stride 1): dx[n] is the convolution of dy[n], padded
+/// by kernel - 1 - padding, with the flipped kernel, read from the [KH, KW, O, C] weight.
+inline void Conv2dGradInputChannelsLastKernel(const KernelArgs& args) {
+  const ConvGeometry g = conv_geometry(Op::Conv2dGradInput, args);
+  const ConvLayout layout = conv_layout(Op::Conv2dGradInput, g);
+  const ConvHalo halo = conv_halo(Op::Conv2dGradInput, g);
+  const float* dy = args.in[0].f32();
+  const float* w = args.in[1].f32();
+  float* dx = args.out.f32();
+  const std::size_t image = g.h * g.w * g.c, block = g.o * g.c;
+  const EpilogueRunner epilogue(args);
+  tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
+    float* scratch = ThreadScratch(args);
+    const auto [in, width] = HaloedImage(dy + n * g.pixels() * g.o, g.oh, g.ow, halo, scratch);
+    // Tap (i, j) of the flipped kernel is tap (KH - 1 - i, KW - 1 - j) of the weight.
+    const TapWalk taps{
+        g.kh, g.kw, 0, 0, w + (g.kh * g.kw - 1) * block, -static_cast<std::ptrdiff_t>(block)};
+    ImplicitGemmAnyWidth(in, width, g.o, 1, 1, g.h, g.w, taps, g.c, dx + n * image);
+    epilogue(n * image, (n + 1) * image, scratch + layout.total);
+  });
+}
+
+/// partial[rows, 0:NV vectors] += sum over the image's output pixels p of
+/// x(p)[offset[r]] * dy[p, 0:NV vectors], where x(p) is the image under the kernel at p and
+/// row r stands for one (kernel row, kernel column, input channel). Rows past m repeat the
+/// last one and are not stored.
+template <std::size_t MR, std::size_t NV>
+HWY_INLINE void WeightGradTile(const float* image, std::size_t width, const ConvGeometry& g,
+                               const std::size_t* offset, std::size_t m,
+                               const float* HWY_RESTRICT dy, float* HWY_RESTRICT partial) {
+  const GemmTag d;
+  using V = hn::Vec<GemmTag>;
+  const std::size_t lanes = hn::Lanes(d);
+  V acc[MR][NV];
+  HWY_UNROLL(8)
+  for (std::size_t r = 0; r < MR; ++r) {
+    HWY_UNROLL(4)
+    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
+  }
+  std::size_t at[MR];
+  HWY_UNROLL(8)
+  for (std::size_t r = 0; r < MR; ++r) at[r] = offset[std::min(r, m - 1)];
+  // One loop over every pixel, not one per output row (see ImplicitTile).
+  const std::size_t pixel_step = g.stride_w * g.c, row_step = g.stride_h * width * g.c;
+  const float* x = image;
+  const float* grad = dy;
+  for (std::size_t p = 0, pixels = g.pixels(), ow = 0, oh = 0; p < pixels; ++p) {
+    V bv[NV];
+    HWY_UNROLL(4)
+    for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, grad + v * lanes);
+    HWY_UNROLL(8)
+    for (std::size_t r = 0; r < MR; ++r) {
+      const V av = hn::Set(d, x[at[r]]);
+      HWY_UNROLL(4)
+      for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+    }
+    grad += g.o;
+    x += pixel_step;
+    if (++ow == g.ow) {
+      ow = 0;
+      x = image + ++oh * row_step;
+    }
+  }
+  for (std::size_t r = 0; r < m; ++r) {
+    HWY_UNROLL(4)
+    for (std::size_t v = 0; v < NV; ++v) {
+      float* p = partial + r * g.o + v * lanes;
+      hn::StoreU(hn::Add(acc[r][v], hn::LoadU(d, p)), d, p);
+    }
+  }
+}
+
+/// One image's share of the weight gradient, added to `partial` ([KH, KW, C, O]).
+template <std::size_t NV>
+void WeightGradImage(const float* image, std::size_t width, const ConvGeometry& g, const float* dy,
+                     float* partial) {
+  constexpr std::size_t mr = kConvMR<NV>;
+  const std::size_t nr = NV * hn::Lanes(GemmTag()), rows = g.ckk();
+  std::size_t offset[mr];
+  for (std::size_t r0 = 0; r0 < rows; r0 += mr) {
+    const std::size_t m = std::min(mr, rows - r0);
+    for (std::size_t r = 0; r < m; ++r) {
+      const std::size_t tap = (r0 + r) / g.c, c = (r0 + r) % g.c;
+      offset[r] = (tap / g.kw * width + tap % g.kw) * g.c + c;
+    }
+    for (std::size_t j = 0; j < g.o; j += nr) {
+      WeightGradTile<mr, NV>(image, width, g, offset, m, dy + j, partial + r0 * g.o + j);
+    }
+  }
+}
+
+/// Op::Conv2dGradWeight, channels-last: dW = sum over images of x-under-the-kernel^T · dy,
+/// each thread summing its images into its own [KH, KW, C, O] partial; the partials are
+/// then added up into the OIHW dW and the epilogue runs over each block of it.
+inline void Conv2dGradWeightChannelsLastKernel(const KernelArgs& args) {
+  const ConvGeometry g = conv_geometry(Op::Conv2dGradWeight, args);
+  const ConvLayout layout = conv_layout(Op::Conv2dGradWeight, g);
+  const ConvHalo halo = conv_halo(Op::Conv2dGradWeight, g);
+  const float* x = args.in[0].f32();
+  const float* dy = args.in[1].f32();
+  float* dw = args.out.f32();
+  const std::size_t size = g.o * g.ckk();
+  const auto slices = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
+  const std::size_t slice_floats = args.workspace_per_thread / sizeof(float);
+  const auto partial = [&](std::size_t t) {
+    return reinterpret_cast<float*>(args.workspace) + t * slice_floats + layout.partial;
+  };
+  const EpilogueRunner epilogue(args);
+  for (std::size_t t = 0; t < slices; ++t) std::fill_n(partial(t), size, 0.0f);
+  const std::size_t vectors = ConvTileVectors(g.o);
+  tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
+    float* scratch = ThreadScratch(args);
+    const auto [in, width] = HaloedImage(x + n * g.h * g.w * g.c, g.h, g.w, halo, scratch);
+    const float* dyn = dy + n * g.pixels() * g.o;
+    float* sum = scratch + layout.partial;
+    if (vectors == 4) {
+      WeightGradImage<4>(in, width, g, dyn, sum);
+    } else if (vectors == 2) {
+      WeightGradImage<2>(in, width, g, dyn, sum);
+    } else {
+      WeightGradImage<1>(in, width, g, dyn, sum);
+    }
+  });
+  const std::size_t taps = g.kh * g.kw;
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, size, 4096),
+                    [&](const tbb::blocked_range<std::size_t>& r) {
+                      for (std::size_t i = r.begin(); i < r.end(); ++i) {
+                        // dW[o, c, tap] sits at (tap * C + c) * O + o in a partial.
+                        const std::size_t o = i / (g.c * taps), c = i / taps % g.c;
+                        const std::size_t at = (i % taps * g.c + c) * g.o + o;
+                        float sum = 0.0f;
+                        for (std::size_t t = 0; t < slices; ++t) sum += partial(t)[at];
+                        dw[i] = sum;
+                      }
+                      epilogue(r.begin(), r.end(), ThreadScratch(args) + layout.total);
+                    });
+}
+
+inline bool ChannelsLast(const KernelArgs& args) {
+  const auto* attrs = args.attrs ? std::get_if<Conv2dAttrs>(args.attrs) : nullptr;
+  return attrs != nullptr && attrs->channels_last;
+}
+
+/// Routes each convolution op to its channels-last kernel when its attributes ask for one;
+/// call after RegisterConvKernels.
+inline void RegisterChannelsLastConvKernels(KernelTable& table) {
+  table.run[op_index(Op::Conv2d)] = [](const KernelArgs& args) {
+    ChannelsLast(args) ? Conv2dChannelsLastKernel(args) : Conv2dKernel(args);
+  };
+  table.run[op_index(Op::Conv2dGradInput)] = [](const KernelArgs& args) {
+    ChannelsLast(args) ? Conv2dGradInputChannelsLastKernel(args) : Conv2dGradInputKernel(args);
+  };
+  table.run[op_index(Op::Conv2dGradWeight)] = [](const KernelArgs& args) {
+    ChannelsLast(args) ? Conv2dGradWeightChannelsLastKernel(args) : Conv2dGradWeightKernel(args);
+  };
+}
+
+} // namespace kiln::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif
