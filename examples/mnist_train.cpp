@@ -50,7 +50,8 @@ constexpr const char* usage =
     "               PyTorch's MNIST example's StepLR; 1 keeps it constant)\n"
     "  --smoke      a few steps on a subset; fails unless the loss falls (used by ctest)\n"
     "  --profile    print the kernels that took the most time\n"
-    "  --explain-fusion  print every fusion decision of the training step with its reason\n"
+    "  --explain-fusion  print every fusion and layout decision of the training step with its\n"
+    "               reason, and every layout transform inserted\n"
     "  --dot FILE   write the optimised training step as Graphviz (fused kernels as clusters);\n"
     "               render with: dot -Tsvg FILE -o step.svg\n"
     "  --json FILE  write test_accuracy, final_loss, epochs, images_per_s, ms_per_step\n";
@@ -175,6 +176,18 @@ int run(const Options& o) {
       std::printf("  %-16s %%%d %s -> %%%d %s: %s\n", d.pass.c_str(), d.producer,
                   d.producer_op.c_str(), d.consumer, d.consumer_op.c_str(),
                   std::string(kiln::fusion_reason_name(d.reason)).c_str());
+    std::printf("layout decisions (activation groups that convolutions touch):\n");
+    for (const kiln::LayoutDecision& d : step.report().layouts)
+      std::printf("  %s for %zu values from %%%d: %s (saves ~%.1f MiB of column matrices, "
+                  "reorders cost ~%.1f MiB)\n",
+                  d.layout.c_str(), d.values.size(), d.values.front(),
+                  std::string(kiln::layout_reason_name(d.reason)).c_str(),
+                  static_cast<double>(d.saved_bytes) / 1048576.0,
+                  static_cast<double>(d.reorder_bytes) / 1048576.0);
+    std::printf("layout transforms inserted:\n");
+    for (const kiln::LayoutTransform& t : step.report().transforms)
+      std::printf("  %%%d %s -> %s, %lld elements: %s\n", t.of, t.from.c_str(), t.to.c_str(),
+                  static_cast<long long>(t.elements), t.why.c_str());
   }
   if (!o.dot.empty()) {
     std::ofstream out(o.dot);

@@ -89,6 +89,9 @@ TEST_CASE("cpu kernels: sum_to matches the reference on every target") {
   const std::vector<SumCase> cases = {
       {{64, 128}, {1, 128}},
       {{64, 32, 26, 26}, {1, 32, 1, 1}},
+      // Bias gradients over NHWC: one short row summed over many rows, in parallel blocks.
+      {{64, 24, 24, 64}, {1, 1, 1, 64}},
+      {{16, 26, 26, 33}, {1, 1, 1, 33}},
       {{64, 10}, {64, 1}},
       {{7, 13}, {1, 1}},
       {{100003}, {1}},

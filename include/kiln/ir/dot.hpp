@@ -73,8 +73,9 @@ inline std::string epilogue_cluster(const Graph& g, ValueId id, const Epilogue& 
 } // namespace detail
 
 /// The graph in DOT: one box per node labelled with op and type; inputs, params and
-/// outputs are coloured so the training step's structure is visible, and each fused node
-/// is drawn as a cluster of the ops it runs in one kernel.
+/// outputs are coloured so the training step's structure is visible, each fused node
+/// is drawn as a cluster of the ops it runs in one kernel, and layout transforms (transposes)
+/// as pink hexagons.
 inline std::string to_dot(const Graph& g) {
   std::string s =
       "digraph kiln {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n";
@@ -99,6 +100,8 @@ inline std::string to_dot(const Graph& g) {
       style = ", style=filled, fillcolor=\"#e8e8e8\"";
     else if (n.op == Op::Assign)
       style = ", style=filled, fillcolor=\"#ffe0b3\"";
+    else if (n.op == Op::Transpose) // a layout change the layout pass inserted
+      style = ", shape=hexagon, style=filled, fillcolor=\"#f4c2f4\"";
     for (ValueId o : g.outputs())
       if (o == id) style = ", style=filled, fillcolor=\"#c8f0c8\"";
     s += "  n" + std::to_string(id) + " [label=\"" + label + "\"" + style + "];\n";

@@ -28,6 +28,11 @@ inline std::string attr_text(const ShapeAttrs& a) { return " {shape=" + a.shape.
 inline std::string attr_text(const PartAttrs& a) {
   return " {offset=" + std::to_string(a.offset) + ", shape=" + a.shape.str() + "}";
 }
+inline std::string attr_text(const TransposeAttrs& a) {
+  std::string s = " {perm=[";
+  for (std::size_t i = 0; i < a.perm.size(); ++i) s += (i ? "," : "") + std::to_string(a.perm[i]);
+  return s + "]}";
+}
 inline std::string attr_text(const FillAttrs& a) {
   return " {value=" + float_text(a.value) + ", shape=" + a.shape.str() + "}";
 }
@@ -67,7 +72,7 @@ inline std::string attr_text(const Conv2dAttrs& a) {
 }
 inline std::string attr_text(const Pool2dAttrs& a) {
   return " {kernel=" + std::to_string(a.kernel) + ", stride=" + std::to_string(a.stride) +
-         ", pad=" + std::to_string(a.padding) + "}";
+         ", pad=" + std::to_string(a.padding) + (a.channels_last ? ", nhwc" : "") + "}";
 }
 inline std::string attr_text(const DropoutAttrs& a) {
   return " {p=" + float_text(a.p) + ", seed=" + std::to_string(a.seed) + "}";

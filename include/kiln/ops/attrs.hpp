@@ -55,6 +55,12 @@ struct PartAttrs {
   friend bool operator==(const PartAttrs&, const PartAttrs&) = default;
 };
 
+/// An axis permutation (numpy.transpose): output dimension i is input dimension perm[i].
+struct TransposeAttrs {
+  std::vector<int> perm;
+  friend bool operator==(const TransposeAttrs&, const TransposeAttrs&) = default;
+};
+
 /// A tensor of `shape` filled with `value` (e.g. the seed gradient 1 of a loss).
 struct FillAttrs {
   float value = 0.0f;
@@ -136,11 +142,14 @@ struct Conv2dAttrs {
 /// Square pooling window. Padding for max pooling counts as -inf, for average pooling the
 /// divisor is always kernel*kernel (PyTorch's count_include_pad=true).
 /// `input_h/input_w` record the input size, which avgpool2d_grad must reproduce.
+/// `channels_last` (max pooling only, set by the layout pass): input and output are
+/// [N, H, W, C] instead of [N, C, H, W].
 struct Pool2dAttrs {
   int kernel = 2;
   int stride = 2;
   int padding = 0;
   std::int64_t input_h = 0, input_w = 0;
+  bool channels_last = false;
   friend bool operator==(const Pool2dAttrs&, const Pool2dAttrs&) = default;
 };
 
@@ -165,7 +174,7 @@ struct FusedAttrs {
 /// Every attribute kind; a node holds exactly one.
 using Attrs =
     std::variant<NoAttrs, InputAttrs, ParamAttrs, ScalarAttrs, ShapeAttrs, PartAttrs, FillAttrs,
-                 MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs, FusedAttrs>;
+                 MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs, FusedAttrs, TransposeAttrs>;
 
 /// The epilogue of an anchor node's attributes, or nullptr for ops that have none.
 inline const Epilogue* epilogue_of(const Attrs& attrs) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kiln/ir/graph.hpp"
 
@@ -38,6 +39,8 @@ Value mean(Value x);
 // shape (ops/shape.hpp)
 Value reshape(Value x, Shape shape);
 Value flatten(Value x);
+/// Permutes the axes (numpy.transpose): output dimension i is input dimension perm[i].
+Value transpose(Value x, std::vector<int> perm);
 
 // anchors (ops/matmul.hpp, ops/conv.hpp)
 Value matmul(Value a, Value b, bool transpose_a = false, bool transpose_b = false);
@@ -51,11 +54,13 @@ Value conv2d_grad_input(Value dy, Value w, const Conv2dAttrs& attrs);
 Value conv2d_grad_weight(Value x, Value dy, const Conv2dAttrs& attrs);
 
 // pooling (ops/pool.hpp)
-/// Pooling options; stride 0 means stride = kernel.
+/// Pooling options; stride 0 means stride = kernel. `channels_last`: x is [N, H, W, C]
+/// (max pooling only).
 struct Pool2dOptions {
   int kernel = 2;
   int stride = 0;
   int padding = 0;
+  bool channels_last = false;
 };
 Value max_pool2d(Value x, Pool2dOptions options = {});
 Value max_pool2d_grad(Value x, Value dy, const Pool2dAttrs& attrs);

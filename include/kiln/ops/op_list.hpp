@@ -37,6 +37,7 @@ namespace kiln {
   /* shape (ops/shape.hpp) */                                                                      \
   X(Reshape, "reshape")                                                                            \
   X(Part, "part")                                                                                  \
+  X(Transpose, "transpose")                                                                        \
   /* anchors (ops/matmul.hpp, ops/conv.hpp) */                                                     \
   X(MatMul, "matmul")                                                                              \
   X(Conv2d, "conv2d")                                                                              \

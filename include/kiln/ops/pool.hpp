@@ -1,4 +1,5 @@
-// Max and average pooling (NCHW, square windows), their gradients, global average pooling.
+// Max and average pooling (square windows), their gradients, global average pooling. Max
+// pooling also runs channels-last (NHWC); average pooling is NCHW only.
 #pragma once
 
 #include "kiln/ops/builders.hpp"
@@ -7,24 +8,34 @@
 namespace kiln {
 
 namespace detail {
-inline TensorType infer_pool(const InferContext& c) {
-  c.expect_dtype(0, DType::f32);
-  c.expect_rank(0, 4);
+/// The pooled shape of x: [N,C,OH,OW], or [N,OH,OW,C] when channels_last.
+inline Shape pool_output(const InferContext& c, const Shape& x) {
   const auto& a = c.attr<Pool2dAttrs>();
   if (a.kernel < 1 || a.stride < 1 || a.padding < 0 || 2 * a.padding > a.kernel)
     c.fail(errc::attr, "pooling needs kernel >= 1, stride >= 1, 0 <= padding <= kernel/2");
-  const Shape& x = c.in(0).shape;
-  const std::int64_t oh = (x[2] + 2 * a.padding - a.kernel) / a.stride + 1;
-  const std::int64_t ow = (x[3] + 2 * a.padding - a.kernel) / a.stride + 1;
-  if (oh < 1 || ow < 1)
-    c.fail(errc::shape, "window " + std::to_string(a.kernel) + " is larger than the input");
-  return TensorType{Shape{x[0], x[1], oh, ow}, DType::f32};
+  const int h = a.channels_last ? 1 : 2;
+  if (x[h] + 2 * a.padding < a.kernel || x[h + 1] + 2 * a.padding < a.kernel)
+    c.fail(errc::shape,
+           "window " + std::to_string(a.kernel) + " is larger than the (padded) input");
+  const std::int64_t oh = (x[h] + 2 * a.padding - a.kernel) / a.stride + 1;
+  const std::int64_t ow = (x[h + 1] + 2 * a.padding - a.kernel) / a.stride + 1;
+  return a.channels_last ? Shape{x[0], oh, ow, x[3]} : Shape{x[0], x[1], oh, ow};
+}
+inline TensorType infer_pool(const InferContext& c) {
+  c.expect_dtype(0, DType::f32);
+  c.expect_rank(0, 4);
+  return TensorType{pool_output(c, c.in(0).shape), DType::f32};
+}
+/// Average pooling has NCHW kernels only.
+inline void expect_nchw(const InferContext& c) {
+  if (c.attr<Pool2dAttrs>().channels_last)
+    c.fail(errc::attr, "average pooling is NCHW only (channels_last is not supported)");
 }
 inline Pool2dAttrs pool_attrs(Value x, Pool2dOptions o) {
-  Pool2dAttrs a{o.kernel, o.stride > 0 ? o.stride : o.kernel, o.padding, 0, 0};
+  Pool2dAttrs a{o.kernel, o.stride > 0 ? o.stride : o.kernel, o.padding, 0, 0, o.channels_last};
   if (x.shape().rank() == 4) {
-    a.input_h = x.shape()[2];
-    a.input_w = x.shape()[3];
+    a.input_h = x.shape()[o.channels_last ? 1 : 2];
+    a.input_w = x.shape()[o.channels_last ? 2 : 3];
   }
   return a;
 }
@@ -39,14 +50,24 @@ template <> struct OpDef<Op::MaxPool2d> : OpDefaults {
   }
 };
 
-/// dx = max_pool2d_grad(x, dy): dy routed to the first maximum of each window.
+/// dx = max_pool2d_grad(x, dy): dy routed to the first maximum of each window (in row-major
+/// window order). x and dx are [N,C,H,W], or [N,H,W,C] when channels_last.
 template <> struct OpDef<Op::MaxPool2dGrad> : OpDefaults {
   static constexpr int arity = 2;
   static constexpr FusionKind kind = FusionKind::opaque;
-  static TensorType infer(const InferContext& c) { return c.in(0); }
+  static TensorType infer(const InferContext& c) {
+    c.expect_dtype(0, DType::f32);
+    c.expect_dtype(1, DType::f32);
+    c.expect_rank(0, 4);
+    const Shape want = detail::pool_output(c, c.in(0).shape);
+    if (!(c.in(1).shape == want))
+      c.fail(errc::shape,
+             "dy is " + c.in(1).shape.str() + ", the pooled shape of x is " + want.str());
+    return c.in(0);
+  }
   static constexpr GradFn grad = nullptr;
   /// Windows that tile the plane (2x2, stride 2, no padding) are each read, then written,
-  /// once: dx can overwrite x.
+  /// once, in either layout: dx can overwrite x.
   static int overwritable_input(const Attrs& attrs) {
     const auto* a = std::get_if<Pool2dAttrs>(&attrs);
     return a && a->kernel == 2 && a->stride == 2 && a->padding == 0 ? 0 : -1;
@@ -56,7 +77,10 @@ template <> struct OpDef<Op::MaxPool2dGrad> : OpDefaults {
 template <> struct OpDef<Op::AvgPool2d> : OpDefaults {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::reduction;
-  static TensorType infer(const InferContext& c) { return detail::infer_pool(c); }
+  static TensorType infer(const InferContext& c) {
+    detail::expect_nchw(c);
+    return detail::infer_pool(c);
+  }
   static void grad(GradContext& c) { c.dx[0] = avg_pool2d_grad(c.dy, c.attr<Pool2dAttrs>()); }
 };
 
@@ -65,6 +89,8 @@ template <> struct OpDef<Op::AvgPool2dGrad> : OpDefaults {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::opaque;
   static TensorType infer(const InferContext& c) {
+    detail::expect_nchw(c);
+    c.expect_rank(0, 4);
     const auto& a = c.attr<Pool2dAttrs>();
     const Shape& dy = c.in(0).shape;
     return TensorType{Shape{dy[0], dy[1], a.input_h, a.input_w}, DType::f32};

@@ -1,5 +1,10 @@
-// Shape ops: reshape and flatten, views that alias their input's memory.
+// Shape ops: reshape and flatten, views that alias their input's memory, and transpose, which
+// permutes axes into a new buffer.
 #pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "kiln/ops/builders.hpp"
 #include "kiln/ops/op_def.hpp"
@@ -35,6 +40,50 @@ template <> struct OpDef<Op::Part> : OpDefaults {
   static constexpr GradFn grad = nullptr;
 };
 
+namespace detail {
+/// "[0,2,3,1]".
+inline std::string perm_text(const std::vector<int>& perm) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < perm.size(); ++i) s += (i ? "," : "") + std::to_string(perm[i]);
+  return s + "]";
+}
+/// The permutation that undoes `perm`.
+inline std::vector<int> inverse_perm(const std::vector<int>& perm) {
+  std::vector<int> inv(perm.size());
+  for (std::size_t i = 0; i < perm.size(); ++i)
+    inv[static_cast<std::size_t>(perm[i])] = static_cast<int>(i);
+  return inv;
+}
+} // namespace detail
+
+/// transpose(x, perm): output dimension i is input dimension perm[i] (numpy.transpose). Not
+/// a view: the CPU kernel writes the permuted elements into a new buffer. Any dtype.
+template <> struct OpDef<Op::Transpose> : OpDefaults {
+  static constexpr int arity = 1;
+  static constexpr FusionKind kind = FusionKind::injective;
+  static TensorType infer(const InferContext& c) {
+    const std::vector<int>& perm = c.attr<TransposeAttrs>().perm;
+    const Shape& x = c.in(0).shape;
+    const int rank = x.rank();
+    bool ok = static_cast<int>(perm.size()) == rank;
+    std::vector<bool> seen(static_cast<std::size_t>(rank), false);
+    for (std::size_t i = 0; ok && i < perm.size(); ++i) {
+      ok = perm[i] >= 0 && perm[i] < rank && !seen[static_cast<std::size_t>(perm[i])];
+      if (ok) seen[static_cast<std::size_t>(perm[i])] = true;
+    }
+    if (!ok)
+      c.fail(errc::attr, "perm " + detail::perm_text(perm) + " is not a permutation of 0.." +
+                             std::to_string(rank - 1) + " (input rank " + std::to_string(rank) +
+                             ")");
+    Shape out = x;
+    for (int i = 0; i < rank; ++i) out[i] = x[perm[static_cast<std::size_t>(i)]];
+    return TensorType{out, c.in(0).dtype};
+  }
+  static void grad(GradContext& c) {
+    c.dx[0] = transpose(c.dy, detail::inverse_perm(c.attr<TransposeAttrs>().perm));
+  }
+};
+
 /// Reshapes x; one dimension may be -1 and is then inferred.
 inline Value reshape(Value x, Shape shape) {
   int inferred = -1;
@@ -52,6 +101,15 @@ inline Value reshape(Value x, Shape shape) {
   if (inferred >= 0) shape[inferred] = known > 0 ? x.shape().numel() / known : 0;
   if (x.shape() == shape) return x;
   return x.graph->append(Op::Reshape, {x.id}, ShapeAttrs{shape});
+}
+
+/// Permutes x's axes; the identity permutation returns x itself.
+inline Value transpose(Value x, std::vector<int> perm) {
+  bool identity = static_cast<int>(perm.size()) == x.shape().rank();
+  for (std::size_t i = 0; identity && i < perm.size(); ++i)
+    identity = perm[i] == static_cast<int>(i);
+  if (identity) return x;
+  return x.graph->append(Op::Transpose, {x.id}, TransposeAttrs{std::move(perm)});
 }
 
 /// [N, ...] -> [N, rest].

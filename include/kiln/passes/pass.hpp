@@ -76,10 +76,45 @@ struct FusionDecision {
   std::string pass{};
 };
 
+/// Why the layout pass stored a group of activations the way it did (stable codes).
+enum class LayoutReason : std::uint8_t {
+  channels_last,      ///< its convolutions read NHWC in place; that saves more than the reorders
+                      ///< at the group's edges cost
+  reorders_cost_more, ///< the reorders at its edges would cost more than its convolutions save
+  not_eligible,       ///< none of its convolutions has a channels-last kernel for its shape
+};
+
+constexpr std::string_view layout_reason_name(LayoutReason r) {
+  constexpr std::string_view names[] = {"channels_last", "reorders_cost_more", "not_eligible"};
+  return names[static_cast<std::size_t>(r)];
+}
+
+/// The layout chosen for one group of activations that must share a layout (joined by
+/// elementwise ops and pools), which convolutions read or write. Bytes are estimates of the
+/// memory traffic the choice saves (the column matrices of the group's convolutions) and
+/// costs (the reorders at its edges).
+struct LayoutDecision {
+  std::vector<ValueId> values; ///< in the graph the layout pass saw
+  std::string layout;          ///< "NHWC" or "NCHW"
+  LayoutReason reason = LayoutReason::not_eligible;
+  std::int64_t saved_bytes = 0, reorder_bytes = 0;
+};
+
+/// One reorder the layout pass inserted: `of` (a value of the graph it saw) from one layout
+/// to another, and why.
+struct LayoutTransform {
+  ValueId of = -1;
+  std::string from, to;
+  std::int64_t elements = 0;
+  std::string why;
+};
+
 /// Everything compilation learned: per pass records and fusion decisions.
 struct CompileReport {
   std::vector<PassRecord> passes;
   std::vector<FusionDecision> fusion;
+  std::vector<LayoutDecision> layouts;
+  std::vector<LayoutTransform> transforms;
   /// The graph as lowered, after every pass (draw it with to_dot, print it with to_text).
   std::shared_ptr<const Graph> optimised;
 

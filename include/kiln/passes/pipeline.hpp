@@ -5,6 +5,7 @@
 #include <array>
 
 #include "kiln/passes/canonicalize.hpp"
+#include "kiln/passes/choose_layouts.hpp"
 #include "kiln/passes/eliminate_common_subexpressions.hpp"
 #include "kiln/passes/eliminate_dead_nodes.hpp"
 #include "kiln/passes/fold_constants.hpp"
@@ -19,7 +20,8 @@ namespace kiln {
 /// Cleanup first, so that equivalent graphs reach fusion in the same form (canonicalize
 /// before cse, so rewritten forms merge); dead nodes go before fusion so that no group is
 /// grown around a value nobody needs (the pool gradient a moved mask no longer reads among
-/// them). Elementwise chains fuse before epilogues, so that a
+/// them). Layouts are chosen before fusion, so that fused kernels run in the layout their
+/// anchors read and write. Elementwise chains fuse before epilogues, so that a
 /// whole chain (bias, relu; or an optimizer update) becomes one anchor's epilogue.
 inline constexpr std::array default_pipeline = {
     Pass{"fold", &fold_constants},
@@ -27,6 +29,7 @@ inline constexpr std::array default_pipeline = {
     Pass{"cse", &eliminate_common_subexpressions},
     Pass{"mask_through_pool", &move_masks_through_pools},
     Pass{"dce", &eliminate_dead_nodes},
+    Pass{"layout", &choose_layouts},
     Pass{"fuse_elementwise", &fuse_elementwise},
     Pass{"fuse_epilogue", &fuse_epilogue},
     Pass{"fuse_loss", &fuse_loss},

@@ -17,6 +17,7 @@
 #include "kiln/backends/cpu/pool-inl.hpp"
 #include "kiln/backends/cpu/reduce-inl.hpp"
 #include "kiln/backends/cpu/softmax-inl.hpp"
+#include "kiln/backends/cpu/transpose-inl.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::HWY_NAMESPACE {
@@ -32,6 +33,7 @@ inline const KernelTable* GetKernelTable() {
     RegisterChannelsLastConvKernels(t);
     RegisterPoolKernels(t);
     RegisterSoftmaxKernels(t);
+    RegisterTransposeKernels(t);
     return t;
   }();
   return &table;

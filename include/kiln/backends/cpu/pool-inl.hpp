@@ -1,4 +1,5 @@
-// Per-target pool kernels; re-included once per Highway target by implementation.hpp.
+// Per-target pool kernels; re-included once per Highway target by implementation.hpp. Max
+// pooling and its gradient also run channels-last (Pool2dAttrs::channels_last).
 #if defined(KILN_CPU_POOL_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KILN_CPU_POOL_INL_H_
 #undef KILN_CPU_POOL_INL_H_
@@ -375,13 +376,214 @@ inline void AvgPoolGrad(const KernelArgs& args) {
   });
 }
 
+// Channels-last (NHWC) max pooling: vectorised over the contiguous channels.
+
+/// Geometry of a channels-last pooling step: x [N,H,W,C], y [N,OH,OW,C].
+struct GeometryNhwc {
+  std::int64_t N = 0, H = 0, W = 0, C = 0, OH = 0, OW = 0;
+  std::int64_t k = 1, s = 1, p = 0;
+};
+
+inline GeometryNhwc MakeGeometryNhwc(const Shape& x, const Shape& y, const Pool2dAttrs& a) {
+  return {x[0], x[1], x[2], x[3], y[1], y[2], a.kernel, a.stride, a.padding};
+}
+
+/// Runs f(d, c) over channels [lo, hi) in blocks of the widest vector, then of 4 lanes, then
+/// of one lane, so every channel count runs the same vector code.
+template <class F>
+HWY_INLINE void ForEachChannelBlock(std::int64_t lo, std::int64_t hi, const F& f) {
+  const hn::ScalableTag<float> d;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t c = lo;
+  for (; c + N <= hi; c += N) f(d, c);
+  if constexpr (hn::MaxLanes(hn::ScalableTag<float>()) > 4) {
+    const hn::CappedTag<float, 4> d4;
+    for (; c + 4 <= hi; c += 4) f(d4, c);
+  }
+  const hn::CappedTag<float, 1> d1;
+  for (; c < hi; ++c) f(d1, c);
+}
+
+/// Calls row_fn(n, oh) for every output row of every image, in parallel.
+template <class F>
+inline void ForEachOutputRow(const GeometryNhwc& g, std::int64_t work_per_row, const F& row_fn) {
+  const std::int64_t grain =
+      std::max<std::int64_t>(1, kMinTaskElements / std::max<std::int64_t>(1, work_per_row));
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, g.N * g.OH, grain),
+                    [&](const tbb::blocked_range<std::int64_t>& r) HWY_ATTR {
+                      for (std::int64_t row = r.begin(); row != r.end(); ++row)
+                        row_fn(row / g.OH, row % g.OH);
+                    });
+}
+
+/// maxpool2d over [N,H,W,C]; padding counts as -inf.
+inline void MaxPoolForwardNhwc(const KernelArgs& args) {
+  const auto& a = *std::get_if<Pool2dAttrs>(args.attrs);
+  const GeometryNhwc g = MakeGeometryNhwc(args.in[0].shape, args.out.shape, a);
+  const float* x = args.in[0].f32();
+  float* y = args.out.f32();
+  ForEachOutputRow(g, g.OW * g.C * g.k * g.k, [&](std::int64_t n, std::int64_t oh) HWY_ATTR {
+    const std::int64_t ih0 = oh * g.s - g.p;
+    const TapRange kh = Taps(ih0, g.k, g.H);
+    const float* xn = x + n * g.H * g.W * g.C;
+    float* yr = y + (n * g.OH + oh) * g.OW * g.C;
+    for (std::int64_t ow = 0; ow < g.OW; ++ow) {
+      const std::int64_t iw0 = ow * g.s - g.p;
+      const TapRange kw = Taps(iw0, g.k, g.W);
+      ForEachChannelBlock(0, g.C, [&](auto d, std::int64_t c) HWY_ATTR {
+        auto acc = hn::Set(d, kNegInf);
+        for (std::int64_t i = kh.lo; i < kh.hi; ++i) {
+          const float* xr = xn + ((ih0 + i) * g.W + iw0) * g.C + c;
+          for (std::int64_t j = kw.lo; j < kw.hi; ++j)
+            acc = hn::Max(acc, hn::LoadU(d, xr + j * g.C));
+        }
+        hn::StoreU(acc, d, yr + ow * g.C + c);
+      });
+    }
+  });
+}
+
+/// maxpool2d_grad over [N,H,W,C] for kernel 2, stride 2, no padding, one output row: each
+/// window's four taps are read, then its four dx elements written, so dx may be x's memory.
+/// Also zeroes what no window covers: the last column, and below the last row pair the last
+/// row, of an odd-sized image.
+inline void MaxPoolGradRowNhwc2x2(const float* x, const float* dy, float* dx, const GeometryNhwc& g,
+                                  std::int64_t n, std::int64_t oh) {
+  const std::int64_t image = g.H * g.W * g.C, line = g.W * g.C;
+  const std::int64_t top = n * image + 2 * oh * line;
+  const float* x0 = x + top;
+  const float* x1 = x0 + line;
+  float* d0 = dx + top;
+  float* d1 = d0 + line;
+  const float* dyr = dy + (n * g.OH + oh) * g.OW * g.C;
+  for (std::int64_t ow = 0; ow < g.OW; ++ow) {
+    const std::int64_t left = 2 * ow * g.C, right = left + g.C;
+    ForEachChannelBlock(0, g.C, [&](auto d, std::int64_t c) HWY_ATTR {
+      const auto a0 = hn::LoadU(d, x0 + left + c), a1 = hn::LoadU(d, x0 + right + c);
+      const auto b0 = hn::LoadU(d, x1 + left + c), b1 = hn::LoadU(d, x1 + right + c);
+      // Which tap holds the first maximum, 0..3 in scan order; strict > keeps the first.
+      auto best = a0;
+      auto which = hn::Zero(d);
+      auto gt = hn::Gt(a1, best);
+      best = hn::IfThenElse(gt, a1, best);
+      which = hn::IfThenElse(gt, hn::Set(d, 1.0f), which);
+      gt = hn::Gt(b0, best);
+      best = hn::IfThenElse(gt, b0, best);
+      which = hn::IfThenElse(gt, hn::Set(d, 2.0f), which);
+      gt = hn::Gt(b1, best);
+      which = hn::IfThenElse(gt, hn::Set(d, 3.0f), which);
+      const auto grad = hn::LoadU(d, dyr + ow * g.C + c);
+      hn::StoreU(hn::IfThenElseZero(hn::Eq(which, hn::Zero(d)), grad), d, d0 + left + c);
+      hn::StoreU(hn::IfThenElseZero(hn::Eq(which, hn::Set(d, 1.0f)), grad), d, d0 + right + c);
+      hn::StoreU(hn::IfThenElseZero(hn::Eq(which, hn::Set(d, 2.0f)), grad), d, d1 + left + c);
+      hn::StoreU(hn::IfThenElseZero(hn::Eq(which, hn::Set(d, 3.0f)), grad), d, d1 + right + c);
+    });
+  }
+  std::fill(d0 + 2 * g.OW * g.C, d0 + line, 0.0f);
+  std::fill(d1 + 2 * g.OW * g.C, d1 + line, 0.0f);
+  if (oh == g.OH - 1) std::fill(dx + n * image + 2 * g.OH * line, dx + (n + 1) * image, 0.0f);
+}
+
+/// maxpool2d_grad over [N,H,W,C] for any geometry, channels [c0, c1) of image n: finds each
+/// window's first maximum per channel, then adds dy at that tap; overlapping windows
+/// accumulate in the same (oh, ow) order as the NCHW kernel.
+inline void MaxPoolGradChannelsNhwc(const float* x, const float* dy, float* dx,
+                                    const GeometryNhwc& g, std::int64_t n, std::int64_t c0,
+                                    std::int64_t c1) {
+  const std::int64_t image = g.H * g.W * g.C;
+  const float* xn = x + n * image;
+  float* dxn = dx + n * image;
+  const float* dyn = dy + n * g.OH * g.OW * g.C;
+  for (std::int64_t pix = 0; pix < g.H * g.W; ++pix)
+    std::fill(dxn + pix * g.C + c0, dxn + pix * g.C + c1, 0.0f);
+  for (std::int64_t oh = 0; oh < g.OH; ++oh) {
+    const std::int64_t ih0 = oh * g.s - g.p;
+    const TapRange kh = Taps(ih0, g.k, g.H);
+    if (kh.lo >= kh.hi) continue;
+    for (std::int64_t ow = 0; ow < g.OW; ++ow) {
+      const std::int64_t iw0 = ow * g.s - g.p;
+      const TapRange kw = Taps(iw0, g.k, g.W);
+      if (kw.lo >= kw.hi) continue;
+      const auto at = [&](std::int64_t i, std::int64_t j) {
+        return ((ih0 + i) * g.W + iw0 + j) * g.C;
+      };
+      const auto tap = [&](std::int64_t i, std::int64_t j) {
+        return static_cast<float>(i * g.k + j);
+      };
+      ForEachChannelBlock(c0, c1, [&](auto d, std::int64_t c) HWY_ATTR {
+        // The first in-bound tap is the maximum until a later one is strictly greater.
+        auto best = hn::LoadU(d, xn + at(kh.lo, kw.lo) + c);
+        auto which = hn::Set(d, tap(kh.lo, kw.lo));
+        for (std::int64_t i = kh.lo; i < kh.hi; ++i)
+          for (std::int64_t j = kw.lo; j < kw.hi; ++j) {
+            const auto v = hn::LoadU(d, xn + at(i, j) + c);
+            const auto gt = hn::Gt(v, best);
+            best = hn::IfThenElse(gt, v, best);
+            which = hn::IfThenElse(gt, hn::Set(d, tap(i, j)), which);
+          }
+        const auto grad = hn::LoadU(d, dyn + (oh * g.OW + ow) * g.C + c);
+        for (std::int64_t i = kh.lo; i < kh.hi; ++i)
+          for (std::int64_t j = kw.lo; j < kw.hi; ++j) {
+            float* p = dxn + at(i, j) + c;
+            const auto add = hn::IfThenElseZero(hn::Eq(which, hn::Set(d, tap(i, j))), grad);
+            hn::StoreU(hn::Add(hn::LoadU(d, p), add), d, p);
+          }
+      });
+    }
+  }
+}
+
+/// Channels a task of the general channels-last pool gradient covers.
+inline constexpr std::int64_t kChannelChunk = 64;
+
+inline void MaxPoolGradNhwc(const KernelArgs& args) {
+  const auto& a = *std::get_if<Pool2dAttrs>(args.attrs);
+  const GeometryNhwc g = MakeGeometryNhwc(args.in[0].shape, args.in[1].shape, a);
+  const float* x = args.in[0].f32();
+  const float* dy = args.in[1].f32();
+  float* dx = args.out.f32();
+  if (g.k == 2 && g.s == 2 && g.p == 0) {
+    // Windows tile the image: rows of windows are independent, and run in place.
+    ForEachOutputRow(g, 4 * g.OW * g.C, [&](std::int64_t n, std::int64_t oh) HWY_ATTR {
+      MaxPoolGradRowNhwc2x2(x, dy, dx, g, n, oh);
+    });
+    return;
+  }
+  // Overlapping windows of one image add into the same dx rows: split by image and channels.
+  const std::int64_t chunks = (g.C + kChannelChunk - 1) / kChannelChunk;
+  const std::int64_t work = g.OH * g.OW * g.k * g.k * std::min(g.C, kChannelChunk);
+  const std::int64_t grain =
+      std::max<std::int64_t>(1, kMinTaskElements / std::max<std::int64_t>(1, work));
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, g.N * chunks, grain),
+                    [&](const tbb::blocked_range<std::int64_t>& r) HWY_ATTR {
+                      for (std::int64_t t = r.begin(); t != r.end(); ++t) {
+                        const std::int64_t c0 = (t % chunks) * kChannelChunk;
+                        MaxPoolGradChannelsNhwc(x, dy, dx, g, t / chunks, c0,
+                                                std::min(g.C, c0 + kChannelChunk));
+                      }
+                    });
+}
+
 } // namespace pool_detail
 
-/// maxpool2d: x [N,C,H,W] -> [N,C,OH,OW], padding counts as -inf.
-inline void MaxPool2dKernel(const KernelArgs& args) { pool_detail::PoolForward<true>(args); }
+/// maxpool2d: x [N,C,H,W] -> [N,C,OH,OW] (or [N,H,W,C] -> [N,OH,OW,C] when channels_last),
+/// padding counts as -inf.
+inline void MaxPool2dKernel(const KernelArgs& args) {
+  if (std::get_if<Pool2dAttrs>(args.attrs)->channels_last) {
+    pool_detail::MaxPoolForwardNhwc(args);
+  } else {
+    pool_detail::PoolForward<true>(args);
+  }
+}
 
-/// maxpool2d_grad: (x, dy) -> dx; dy goes to the first maximum of its window.
-inline void MaxPool2dGradKernel(const KernelArgs& args) { pool_detail::MaxPoolGrad(args); }
+/// maxpool2d_grad: (x, dy) -> dx in either layout; dy goes to the first maximum of its window.
+inline void MaxPool2dGradKernel(const KernelArgs& args) {
+  if (std::get_if<Pool2dAttrs>(args.attrs)->channels_last) {
+    pool_detail::MaxPoolGradNhwc(args);
+  } else {
+    pool_detail::MaxPoolGrad(args);
+  }
+}
 
 /// avgpool2d: window sum / (kernel*kernel), padding included as zeros.
 inline void AvgPool2dKernel(const KernelArgs& args) { pool_detail::PoolForward<false>(args); }

@@ -167,6 +167,32 @@ inline float ContiguousSum(const float* p, std::int64_t n) {
   return hn::GetLane(hn::SumOfLanes(d, sum)) + hn::GetLane(tail);
 }
 
+/// Sums one short output row over many rows (a bias gradient over an NHWC tensor): the rows
+/// are cut into a fixed number of blocks summed in parallel, and the block sums are added in
+/// block order, so the result does not depend on the thread count.
+inline constexpr std::int64_t kColumnSumMaxWidth = 256;
+inline void SumManyRows(const float* x, float* y, std::int64_t width, const Axis& rows) {
+  constexpr std::int64_t blocks = 8;
+  float partial[blocks][kColumnSumMaxWidth];
+  tbb::parallel_for(std::int64_t{0}, blocks, [&](std::int64_t b) HWY_ATTR {
+    const std::int64_t first = rows.n * b / blocks, last = rows.n * (b + 1) / blocks;
+    const Axis block[3] = {{1, 0}, {1, 0}, {last - first, rows.stride}};
+    const float* in = x + first * rows.stride;
+    const hn::ScalableTag<float> d;
+    const hn::CappedTag<float, 1> d1;
+    const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+    std::int64_t c = 0;
+    for (; c + 4 * N <= width; c += 4 * N) SumColumns4(d, in + c, partial[b] + c, block);
+    for (; c + N <= width; c += N) SumColumns1(d, in + c, partial[b] + c, block);
+    for (; c < width; ++c) SumColumns1(d1, in + c, partial[b] + c, block);
+  });
+  for (std::int64_t c = 0; c < width; ++c) {
+    float sum = 0.0f;
+    for (std::int64_t b = 0; b < blocks; ++b) sum += partial[b][c];
+    y[c] = sum;
+  }
+}
+
 /// Innermost run kept: each task sums one column tile of one output row over all reduced
 /// rows, vectorised across the columns.
 inline void SumToInnerKept(const float* x, float* y, const SumToProblem& p) {
@@ -178,6 +204,11 @@ inline void SumToInnerKept(const float* x, float* y, const SumToProblem& p) {
   const std::int64_t tiles = (K + tile - 1) / tile;
   const std::int64_t rows_out = p.kept[0].n * p.kept[1].n * p.kept[2].n;
   const std::int64_t rows_in = p.reduced[0].n * p.reduced[1].n * p.reduced[2].n;
+  if (rows_out == 1 && K <= kColumnSumMaxWidth && p.reduced[0].n * p.reduced[1].n == 1 &&
+      rows_in * K >= 8 * kMinTaskElements) {
+    SumManyRows(x, y, K, p.reduced[2]);
+    return;
+  }
   const std::int64_t grain = std::max<std::int64_t>(1, kMinTaskElements / (rows_in * tile));
   tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, rows_out * tiles, grain),
                     [&](const tbb::blocked_range<std::int64_t>& r) HWY_ATTR {
