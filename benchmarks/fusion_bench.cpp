@@ -45,10 +45,18 @@ std::vector<Config> make_configs() {
 const std::vector<Config> configs = make_configs();
 
 /// Bytes each step reads and writes, summed: what the plan moves through memory per run
-/// (kernels that re-read an input, like convolutions, count it once).
+/// (kernels that re-read an input, like convolutions, count it once), plus the column
+/// matrices NCHW convolutions write and read back.
 std::size_t bytes_moved(const kiln::Plan& plan) {
   std::size_t total = 0;
   for (const kiln::PlanStep& s : plan.steps) {
+    if (const auto* conv = std::get_if<kiln::Conv2dAttrs>(&s.attrs)) {
+      const auto& [x, y] =
+          s.op == kiln::Op::Conv2dGradInput ? std::pair{s.output.shape, s.inputs[0].shape}
+          : s.op == kiln::Op::Conv2d        ? std::pair{s.inputs[0].shape, s.output.shape}
+                                            : std::pair{s.inputs[0].shape, s.inputs[1].shape};
+      total += static_cast<std::size_t>(kiln::column_matrix_bytes(*conv, x, y));
+    }
     for (int i = 0; i < s.num_inputs; ++i) {
       const auto& b = s.inputs[static_cast<std::size_t>(i)];
       total += static_cast<std::size_t>(b.shape.numel()) * kiln::dtype_size(b.dtype);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include <tbb/task_arena.h>
@@ -18,6 +19,25 @@
 #include "kiln/backends/cpu/workspace.hpp"
 
 namespace kiln::test {
+
+/// n values uniform in [lo, hi), seeded.
+inline std::vector<float> random_values(std::int64_t n, std::uint32_t seed, float lo = -1.0f,
+                                        float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& f : v) f = dist(gen);
+  return v;
+}
+
+/// Few distinct values, so pooling windows contain ties.
+inline std::vector<float> tied_values(std::int64_t n, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> dist(0, 2);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& f : v) f = static_cast<float>(dist(gen));
+  return v;
+}
 
 inline TensorView view(std::vector<float>& v, const Shape& s) {
   return TensorView{v.data(), s, DType::f32};

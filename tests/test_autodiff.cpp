@@ -9,24 +9,17 @@
 
 #include "kiln/kiln.hpp"
 
+#include "graph_test_helpers.hpp"
+
 namespace {
+
+using kiln::test::random_tensor;
 
 using kiln::Shape;
 using kiln::Value;
 
 /// Uniform values in [lo, hi) with magnitude at least `gap`, so that relu and maxpool are
 /// not probed across their kinks.
-std::shared_ptr<kiln::Tensor> random_tensor(Shape shape, std::uint64_t seed, float lo = -1.0f,
-                                            float hi = 1.0f, float gap = 0.0f) {
-  auto t = std::make_shared<kiln::Tensor>(shape);
-  kiln::Rng rng(seed);
-  for (float& v : t->f32()) {
-    do v = rng.uniform(lo, hi);
-    while (std::abs(v) < gap);
-  }
-  return t;
-}
-
 /// loss = sum(out * R) with a fixed random R: every output element gets its own weight.
 Value project(Value out, std::uint64_t seed = 99) {
   auto r = random_tensor(out.shape(), seed);

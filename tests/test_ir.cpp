@@ -6,25 +6,12 @@
 
 #include "kiln/kiln.hpp"
 
+#include "graph_test_helpers.hpp"
+
 namespace {
 
-template <class F> std::string error_code(F&& f) {
-  try {
-    f();
-  } catch (const kiln::Error& e) {
-    return e.code();
-  }
-  return "no error";
-}
-
-template <class F> std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const kiln::Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using kiln::test::error_code;
+using kiln::test::error_message;
 
 } // namespace
 

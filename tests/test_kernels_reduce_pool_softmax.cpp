@@ -30,25 +30,9 @@ using kiln::cpu::KernelTable;
 /// accumulate in double.
 constexpr double kTol = 1e-5;
 
-std::vector<float> random_values(std::int64_t n, std::uint32_t seed, float lo = -1.0f,
-                                 float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (float& f : v) f = dist(gen);
-  return v;
-}
-
-/// Few distinct values, so pooling windows contain ties.
-std::vector<float> tied_values(std::int64_t n, std::uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int> dist(0, 2);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (float& f : v) f = static_cast<float>(dist(gen));
-  return v;
-}
-
+using kiln::test::random_values;
 using kiln::test::relative_error;
+using kiln::test::tied_values;
 using kiln::test::view;
 
 std::vector<float> run(const KernelTable& t, Op op, std::initializer_list<TensorView> inputs,

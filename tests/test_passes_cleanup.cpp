@@ -13,12 +13,16 @@
 #include <vector>
 
 #include "kiln/kiln.hpp"
+
+#include "graph_test_helpers.hpp"
 #include "kiln/passes/canonicalize.hpp"
 #include "kiln/passes/eliminate_common_subexpressions.hpp"
 #include "kiln/passes/eliminate_dead_nodes.hpp"
 #include "kiln/passes/fold_constants.hpp"
 
 namespace {
+
+using kiln::test::random_tensor;
 
 using kiln::Shape;
 using kiln::Value;
@@ -38,13 +42,6 @@ int computing_nodes(const kiln::Graph& g) {
   for (const kiln::Node& node : g.nodes())
     n += node.op != kiln::Op::Input && node.op != kiln::Op::Param && node.op != kiln::Op::Fill;
   return n;
-}
-
-std::shared_ptr<kiln::Tensor> random_tensor(Shape shape, std::uint64_t seed) {
-  auto t = std::make_shared<kiln::Tensor>(shape);
-  kiln::Rng rng(seed);
-  for (float& v : t->f32()) v = rng.uniform(-1.0f, 1.0f);
-  return t;
 }
 
 /// Every output of `g` (in output order) after each of `runs` runs, with every input fed the

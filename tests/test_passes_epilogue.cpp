@@ -7,46 +7,16 @@
 
 #include "kiln/kiln.hpp"
 
+#include "graph_test_helpers.hpp"
+
 namespace {
+
+using kiln::test::random_inputs;
+using kiln::test::random_tensor;
+using kiln::test::with_and_without;
 
 using kiln::Shape;
 using kiln::Value;
-
-std::shared_ptr<kiln::Tensor> random_tensor(Shape shape, std::uint64_t seed) {
-  auto t = std::make_shared<kiln::Tensor>(shape);
-  kiln::Rng rng(seed);
-  for (std::int64_t i = 0; i < t->numel(); ++i)
-    t->f32()[static_cast<std::size_t>(i)] = rng.uniform(-1.0f, 1.0f);
-  return t;
-}
-
-std::vector<float> random_values(std::int64_t n, std::uint64_t seed) {
-  std::vector<float> v(static_cast<std::size_t>(n));
-  kiln::Rng rng(seed);
-  for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
-  return v;
-}
-
-/// Compiles g with every pass, and again without `pass`, feeds both the same input "x" and
-/// returns (with, without) for `out`, after checking the pass did change the graph.
-std::pair<std::vector<float>, std::vector<float>>
-with_and_without(kiln::Graph& g, Value out, const std::string& pass, int threads = 2) {
-  std::pair<std::vector<float>, std::vector<float>> results;
-  const kiln::Shape xs = g.node(g.find_input("x")).type.shape;
-  const std::vector<float> x = random_values(xs.numel(), 99);
-  for (int off = 0; off < 2; ++off) {
-    auto exe = kiln::compile(
-        g, {.threads = threads,
-            .disable = off ? std::vector<std::string>{pass} : std::vector<std::string>{}});
-    if (!off) CHECK(exe.report().pass(pass)->changed);
-    CHECK(!kiln::find_overlap(exe.plan().buffers, exe.plan().memory));
-    exe.set_input("x", x);
-    exe.run();
-    const auto o = exe.output(out);
-    (off ? results.second : results.first).assign(o.begin(), o.end());
-  }
-  return results;
-}
 
 void check_close(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
@@ -183,7 +153,7 @@ TEST_CASE("fuse_epilogue: the relu mask runs in conv2d_grad_input, the update in
       CHECK(stat("conv2d_grad_weight_epilogues") == 2); // both SGD updates
       CHECK(stat("assigns_absorbed") >= 2);
     }
-    exe.set_input("x", random_values(3 * 2 * 8 * 8, 11));
+    exe.set_input("x", random_inputs(3 * 2 * 8 * 8, 11));
     exe.set_input("y", std::vector<std::int32_t>{0, 3, 4});
     for (int step = 0; step < 3; ++step) {
       exe.run();
@@ -244,7 +214,7 @@ TEST_CASE("mask_through_pool: same gradients, and the pool gradient overwrites i
         if (s.op == kiln::Op::MaxPool2dGrad) overwrites = s.output.offset == s.inputs[0].offset;
       CHECK(overwrites);
     }
-    exe.set_input("x", random_values(2 * 100, 13));
+    exe.set_input("x", random_inputs(2 * 100, 13));
     exe.set_input("y", std::vector<std::int32_t>{1, 2});
     exe.run();
     const auto o = exe.output(dw[0]);
@@ -288,7 +258,7 @@ TEST_CASE("fuse_epilogue: a whole Adam update runs in the weight gradient's epil
           stores = static_cast<int>(kiln::epilogue_of(n.attrs)->stores.size());
       CHECK(stores == 3);
     }
-    exe.set_input("x", random_values(2 * 36, 17));
+    exe.set_input("x", random_inputs(2 * 36, 17));
     exe.set_input("y", std::vector<std::int32_t>{1, 3});
     for (int step = 0; step < 3; ++step) exe.run();
     for (const auto& p : net.parameters())
@@ -350,7 +320,7 @@ TEST_CASE("fuse_loss: same loss and gradient bits as the two separate kernels") 
         g, {.threads = 2,
             .disable = off ? std::vector<std::string>{"fuse_loss"} : std::vector<std::string>{}});
     if (!off) CHECK(exe.report().pass("fuse_loss")->changed);
-    exe.set_input("x", random_values(370, 21));
+    exe.set_input("x", random_inputs(370, 21));
     std::vector<std::int32_t> y(37);
     for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(i * 7 % 10);
     exe.set_input("y", y);
@@ -379,7 +349,7 @@ TEST_CASE("fuse_epilogue: an anchor never stores into a param it reads itself") 
         hazard = hazard || d.reason == kiln::FusionReason::state_hazard;
       CHECK(hazard);
     }
-    exe.set_input("x", random_values(96 * 96, 29));
+    exe.set_input("x", random_inputs(96 * 96, 29));
     exe.run();
     const auto* p = std::get_if<kiln::ParamAttrs>(&g.node(w.id).attrs);
     const auto values = p->tensor->f32();

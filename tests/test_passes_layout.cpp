@@ -7,40 +7,15 @@
 
 #include "kiln/kiln.hpp"
 
+#include "graph_test_helpers.hpp"
+
 namespace {
+
+using kiln::test::random_tensor;
+using kiln::test::with_and_without;
 
 using kiln::Shape;
 using kiln::Value;
-
-std::shared_ptr<kiln::Tensor> random_tensor(Shape shape, std::uint64_t seed) {
-  auto t = std::make_shared<kiln::Tensor>(shape);
-  kiln::Rng rng(seed);
-  for (std::int64_t i = 0; i < t->numel(); ++i)
-    t->f32()[static_cast<std::size_t>(i)] = rng.uniform(-1.0f, 1.0f);
-  return t;
-}
-
-/// Output `out` of g compiled with every pass and without "layout", for the same input x.
-std::pair<std::vector<float>, std::vector<float>> with_and_without_layout(kiln::Graph& g,
-                                                                          Value out) {
-  const Shape xs = g.node(g.find_input("x")).type.shape;
-  std::vector<float> x(static_cast<std::size_t>(xs.numel()));
-  kiln::Rng rng(7);
-  for (float& v : x) v = rng.uniform(-1.0f, 1.0f);
-  std::pair<std::vector<float>, std::vector<float>> results;
-  for (int off = 0; off < 2; ++off) {
-    auto exe = kiln::compile(
-        g, {.threads = 2,
-            .disable = off ? std::vector<std::string>{"layout"} : std::vector<std::string>{}});
-    CHECK(exe.report().pass("layout")->changed == (off == 0));
-    CHECK(!kiln::find_overlap(exe.plan().buffers, exe.plan().memory));
-    exe.set_input("x", x);
-    exe.run();
-    const auto o = exe.output(out);
-    (off ? results.second : results.first).assign(o.begin(), o.end());
-  }
-  return results;
-}
 
 } // namespace
 
@@ -135,7 +110,7 @@ TEST_CASE("layout: NHWC results equal NCHW ones, forward and a training step's g
     auto b = g.param("b", random_tensor({32}, 2));
     auto y = kiln::relu(kiln::conv2d(x, w, {.padding = 1}) + kiln::reshape(b, Shape{1, 32, 1, 1}));
     g.mark_output(y);
-    const auto [with, without] = with_and_without_layout(g, y);
+    const auto [with, without] = with_and_without(g, y, "layout");
     REQUIRE(with.size() == without.size());
     for (std::size_t i = 0; i < with.size(); ++i)
       CHECK(with[i] == doctest::Approx(without[i]).epsilon(1e-5).scale(1.0));

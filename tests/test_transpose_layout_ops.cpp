@@ -14,9 +14,14 @@
 
 #include "kernel_harness.hpp"
 #include "kiln/kiln.hpp"
+
+#include "graph_test_helpers.hpp"
 #include "target_loop.hpp"
 
 namespace {
+
+using kiln::test::error_code;
+using kiln::test::error_message;
 
 using kiln::Attrs;
 using kiln::Op;
@@ -26,43 +31,10 @@ using kiln::TransposeAttrs;
 using kiln::Value;
 using kiln::ValueId;
 using kiln::cpu::KernelTable;
+using kiln::test::random_values;
 using kiln::test::relative_error;
+using kiln::test::tied_values;
 using kiln::test::view;
-
-template <class F> std::string error_code(F&& f) {
-  try {
-    f();
-  } catch (const kiln::Error& e) {
-    return e.code();
-  }
-  return "no error";
-}
-
-template <class F> std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const kiln::Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
-std::vector<float> random_values(std::int64_t n, std::uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (float& f : v) f = dist(gen);
-  return v;
-}
-
-/// Few distinct values, so pooling windows contain ties.
-std::vector<float> tied_values(std::int64_t n, std::uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int> dist(0, 2);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (float& f : v) f = static_cast<float>(dist(gen));
-  return v;
-}
 
 Shape permuted(const Shape& s, const std::vector<int>& perm) {
   Shape out = s;
@@ -197,7 +169,9 @@ TEST_CASE("transpose: builder, shape inference, printing and bad permutations") 
   CHECK(info.kind == kiln::FusionKind::injective);
   CHECK_FALSE(info.is_view);
   CHECK_FALSE(info.is_elementwise);
-  CHECK(kiln::to_dot(g).find("transpose") != std::string::npos);
+  // A layout transform is drawn as a hexagon that names its permutation.
+  CHECK(kiln::to_dot(g).find("n1 [label=\"%1 transpose {perm=[0,2,3,1]}\\nf32[2,5,7,3]\", "
+                             "shape=hexagon") != std::string::npos);
 
   const std::string msg = error_message([&] { (void)kiln::transpose(x, {0, 2, 2, 1}); });
   CHECK(msg == "[kiln.verify.attr] node %3 transpose(%0:[2,3,5,7]): perm [0,2,2,1] is not a "

@@ -92,6 +92,7 @@ inline std::string to_dot(const Graph& g) {
     std::string label = "%" + std::to_string(id) + " " + std::string(op_name(n.op));
     if (const auto* in = std::get_if<InputAttrs>(&n.attrs)) label += " " + in->name;
     if (const auto* p = std::get_if<ParamAttrs>(&n.attrs)) label += " " + p->name;
+    if (const auto* t = std::get_if<TransposeAttrs>(&n.attrs)) label += detail::attr_text(*t);
     label += "\\n" + type_text(n.type);
     std::string style;
     if (n.op == Op::Input)

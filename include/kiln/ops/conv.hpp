@@ -12,6 +12,16 @@ namespace kiln {
 /// gradient) must be multiples of this: whole vectors on every x86 SIMD target.
 inline constexpr std::int64_t channels_last_multiple = 16;
 
+/// Bytes of column matrix an NCHW convolution kernel writes and reads back: for every image,
+/// C x KH x KW rows of OH x OW pixels (none for channels-last kernels, which read the image
+/// in place). `x` is the image (dx for the input gradient), `y` the output (dy for the
+/// gradients); the layout pass weighs this, and fusion_bench counts it as traffic.
+inline std::int64_t column_matrix_bytes(const Conv2dAttrs& a, const Shape& x, const Shape& y) {
+  if (a.channels_last) return 0;
+  const std::int64_t columns = x[0] * x[1] * a.kernel_h * a.kernel_w * y[2] * y[3];
+  return 2 * columns * static_cast<std::int64_t>(sizeof(float));
+}
+
 namespace detail {
 inline void check_channels_last_width(const InferContext& c, const Conv2dAttrs& a,
                                       std::int64_t channels) {

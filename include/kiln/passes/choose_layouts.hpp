@@ -75,17 +75,13 @@ inline bool has_channels_last_kernel(const Graph& g, const Node& n) {
   }
 }
 
-/// Bytes of column matrix the NCHW kernel of a convolution writes and reads back, which the
-/// channels-last kernel does without.
+/// What the channels-last kernel of a convolution saves: its NCHW kernel's column matrix.
 inline std::int64_t column_matrix_bytes(const Graph& g, const Node& n, ValueId id) {
   const Shape& x = n.op == Op::Conv2dGradInput ? n.type.shape : g.node(n.inputs[0]).type.shape;
   const ValueId y = n.op == Op::Conv2d            ? id
                     : n.op == Op::Conv2dGradInput ? n.inputs[0]
                                                   : n.inputs[1];
-  const Shape& ys = g.node(y).type.shape;
-  const auto& a = std::get<Conv2dAttrs>(n.attrs);
-  const std::int64_t columns = x[0] * x[1] * a.kernel_h * a.kernel_w * ys[2] * ys[3];
-  return 2 * columns * static_cast<std::int64_t>(sizeof(float));
+  return kiln::column_matrix_bytes(std::get<Conv2dAttrs>(n.attrs), x, g.node(y).type.shape);
 }
 
 /// Ops whose rank-4 output shares its layout with its rank-4 inputs of the same shape (all

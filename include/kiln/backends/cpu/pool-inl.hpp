@@ -174,6 +174,21 @@ inline void ZeroUncovered2x2(float* dx, const Geometry& g) {
   std::fill(dx + 2 * g.OH * g.W, dx + g.H * g.W, 0.0f);
 }
 
+/// Which tap of 2x2 windows holds the first maximum, as 0..3 in scan order (a0 a1 / b0 b1);
+/// strict > keeps the first, as the scalar kernel does.
+template <class D, class V = hn::Vec<D>> HWY_INLINE V FirstMaxTap2x2(D d, V a0, V a1, V b0, V b1) {
+  auto best = a0;
+  auto which = hn::Zero(d);
+  auto gt = hn::Gt(a1, best);
+  best = hn::IfThenElse(gt, a1, best);
+  which = hn::IfThenElse(gt, hn::Set(d, 1.0f), which);
+  gt = hn::Gt(b0, best);
+  best = hn::IfThenElse(gt, b0, best);
+  which = hn::IfThenElse(gt, hn::Set(d, 2.0f), which);
+  gt = hn::Gt(b1, best);
+  return hn::IfThenElse(gt, hn::Set(d, 3.0f), which);
+}
+
 /// maxpool2d_grad for kernel 2, stride 2, no padding: windows tile the plane, so every
 /// covered dx element is written exactly once, without a zeroing pass or scatter.
 inline void MaxPoolGradPlane2x2(const float* x, const float* dy, float* dx, const Geometry& g) {
@@ -187,17 +202,7 @@ inline void MaxPoolGradPlane2x2(const float* x, const float* dy, float* dx, cons
       hn::Vec<decltype(d)> a0, a1, b0, b1;
       hn::LoadInterleaved2(d, x0 + 2 * ow, a0, a1);
       hn::LoadInterleaved2(d, x1 + 2 * ow, b0, b1);
-      // Which tap holds the first maximum, as 0..3 in scan order; strict > keeps the first.
-      auto best = a0;
-      auto which = hn::Zero(d);
-      auto gt = hn::Gt(a1, best);
-      best = hn::IfThenElse(gt, a1, best);
-      which = hn::IfThenElse(gt, hn::Set(d, 1.0f), which);
-      gt = hn::Gt(b0, best);
-      best = hn::IfThenElse(gt, b0, best);
-      which = hn::IfThenElse(gt, hn::Set(d, 2.0f), which);
-      gt = hn::Gt(b1, best);
-      which = hn::IfThenElse(gt, hn::Set(d, 3.0f), which);
+      const auto which = FirstMaxTap2x2(d, a0, a1, b0, b1);
       const auto grad = hn::LoadU(d, dyr + ow);
       hn::StoreInterleaved2(hn::IfThenElseZero(hn::Eq(which, hn::Zero(d)), grad),
                             hn::IfThenElseZero(hn::Eq(which, hn::Set(d, 1.0f)), grad), d,
@@ -461,17 +466,7 @@ inline void MaxPoolGradRowNhwc2x2(const float* x, const float* dy, float* dx, co
     ForEachChannelBlock(0, g.C, [&](auto d, std::int64_t c) HWY_ATTR {
       const auto a0 = hn::LoadU(d, x0 + left + c), a1 = hn::LoadU(d, x0 + right + c);
       const auto b0 = hn::LoadU(d, x1 + left + c), b1 = hn::LoadU(d, x1 + right + c);
-      // Which tap holds the first maximum, 0..3 in scan order; strict > keeps the first.
-      auto best = a0;
-      auto which = hn::Zero(d);
-      auto gt = hn::Gt(a1, best);
-      best = hn::IfThenElse(gt, a1, best);
-      which = hn::IfThenElse(gt, hn::Set(d, 1.0f), which);
-      gt = hn::Gt(b0, best);
-      best = hn::IfThenElse(gt, b0, best);
-      which = hn::IfThenElse(gt, hn::Set(d, 2.0f), which);
-      gt = hn::Gt(b1, best);
-      which = hn::IfThenElse(gt, hn::Set(d, 3.0f), which);
+      const auto which = FirstMaxTap2x2(d, a0, a1, b0, b1);
       const auto grad = hn::LoadU(d, dyr + ow * g.C + c);
       hn::StoreU(hn::IfThenElseZero(hn::Eq(which, hn::Zero(d)), grad), d, d0 + left + c);
       hn::StoreU(hn::IfThenElseZero(hn::Eq(which, hn::Set(d, 1.0f)), grad), d, d0 + right + c);
