@@ -25,21 +25,22 @@ struct Config {
 };
 
 /// The configurations, from the pipeline's own names: every fuse_* pass is fusion, "layout"
-/// is the layout pass, every other pass is cleanup, and "all off" is every pass and
-/// lowering switch at once.
+/// is the layout pass, memory planning is the "schedule" pass and both lowering switches,
+/// every other pass is cleanup, and "all off" is every pass and lowering switch at once.
 std::vector<Config> make_configs() {
   std::vector<std::string> fusion, cleanup, everything;
   for (const kiln::Pass& p : kiln::default_pipeline) {
     if (p.name.starts_with("fuse_"))
       fusion.emplace_back(p.name);
-    else if (p.name != "layout")
+    else if (p.name != "layout" && p.name != "schedule")
       cleanup.emplace_back(p.name);
     everything.emplace_back(p.name);
   }
   for (std::string_view s : kiln::lowering_switches) everything.emplace_back(s);
-  return {{"all passes", {}},         {"fusion off", fusion},
-          {"layout off", {"layout"}}, {"memory planning off", {"plan_memory", "inplace"}},
-          {"cleanup off", cleanup},   {"all off", everything}};
+  return {
+      {"all passes", {}},         {"fusion off", fusion},
+      {"layout off", {"layout"}}, {"memory planning off", {"schedule", "plan_memory", "inplace"}},
+      {"cleanup off", cleanup},   {"all off", everything}};
 }
 
 const std::vector<Config> configs = make_configs();

@@ -23,6 +23,14 @@ inline std::int64_t column_matrix_bytes(const Conv2dAttrs& a, const Shape& x, co
 }
 
 namespace detail {
+/// A convolution whose kernel writes each image's output once, after its GEMM (see
+/// EpilogueRunner::needs_staging), may take over the memory of its epilogue's first operand
+/// (the relu mask's activation after an input gradient, a residual).
+inline int epilogue_operand_overwritable(const Attrs& attrs) {
+  const auto* a = std::get_if<Conv2dAttrs>(&attrs);
+  return a && !a->epilogue.empty() ? anchor_arity : -1;
+}
+
 inline void check_channels_last_width(const InferContext& c, const Conv2dAttrs& a,
                                       std::int64_t channels) {
   if (a.channels_last && channels % channels_last_multiple != 0)
@@ -89,6 +97,9 @@ template <> struct OpDef<Op::Conv2d> : OpDefaults {
     if (c.wants(0)) c.dx[0] = conv2d_grad_input(c.dy, c.in(1), a);
     if (c.wants(1)) c.dx[1] = conv2d_grad_weight(c.in(0), c.dy, a);
   }
+  static int overwritable_input(const Attrs& attrs) {
+    return detail::epilogue_operand_overwritable(attrs);
+  }
 };
 
 /// dx = conv2d_grad_input(dy, w): the input gradient, of size attrs.input_h x input_w.
@@ -113,6 +124,9 @@ template <> struct OpDef<Op::Conv2dGradInput> : OpDefaults {
     return TensorType{dx, DType::f32};
   }
   static constexpr GradFn grad = nullptr;
+  static int overwritable_input(const Attrs& attrs) {
+    return detail::epilogue_operand_overwritable(attrs);
+  }
 };
 
 /// dw = conv2d_grad_weight(x, dy): the weight gradient, OIHW.

@@ -14,6 +14,7 @@
 #include "kiln/passes/fuse_loss.hpp"
 #include "kiln/passes/move_masks_through_pools.hpp"
 #include "kiln/passes/pass.hpp"
+#include "kiln/passes/schedule_for_memory.hpp"
 
 namespace kiln {
 
@@ -22,7 +23,8 @@ namespace kiln {
 /// grown around a value nobody needs (the pool gradient a moved mask no longer reads among
 /// them). Layouts are chosen before fusion, so that fused kernels run in the layout their
 /// anchors read and write. Elementwise chains fuse before epilogues, so that a
-/// whole chain (bias, relu; or an optimizer update) becomes one anchor's epilogue.
+/// whole chain (bias, relu; or an optimizer update) becomes one anchor's epilogue. The
+/// schedule comes last: it orders the kernels that fusion left.
 inline constexpr std::array default_pipeline = {
     Pass{"fold", &fold_constants},
     Pass{"canonicalize", &canonicalize},
@@ -33,6 +35,7 @@ inline constexpr std::array default_pipeline = {
     Pass{"fuse_elementwise", &fuse_elementwise},
     Pass{"fuse_epilogue", &fuse_epilogue},
     Pass{"fuse_loss", &fuse_loss},
+    Pass{"schedule", &schedule_for_memory},
 };
 
 /// Switches honoured by lowering rather than by a pass: "plan_memory" (share arena memory

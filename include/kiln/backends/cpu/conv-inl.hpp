@@ -226,13 +226,16 @@ inline void Conv2dKernel(const KernelArgs& args) {
   float* y = args.out.f32();
   const std::size_t ckk = g.ckk(), pixels = g.pixels(), image = g.o * pixels;
   const EpilogueRunner epilogue(args);
+  const std::size_t staging = layout.total + epilogue_floats(args.attrs);
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
     float* col = scratch + layout.col;
+    float* yn = epilogue.needs_staging() ? scratch + staging : y + n * image;
     PackColumns(g, x + n * g.c * g.h * g.w, col);
     const GemmB b{MatRef{}, col, ckk};
-    Gemm(g.o, pixels, ckk, MatRef{w, ckk, 1}, b, y + n * image, pixels, false, nullptr, nullptr);
-    epilogue(n * image, (n + 1) * image, scratch + layout.total);
+    Gemm(g.o, pixels, ckk, MatRef{w, ckk, 1}, b, yn, pixels, false, nullptr, nullptr);
+    epilogue(n * image, (n + 1) * image, scratch + layout.total,
+             epilogue.needs_staging() ? yn : nullptr);
   });
 }
 
@@ -248,10 +251,11 @@ inline void Conv2dGradInputKernel(const KernelArgs& args) {
   // W^T: element (ckk row, output channel) of the row-major [O, ckk] weight.
   const MatRef wt{w, 1, ckk};
   const EpilogueRunner epilogue(args);
+  const std::size_t staging = layout.total + epilogue_floats(args.attrs);
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
     const GemmB b{MatRef{dy + n * g.o * pixels, pixels, 1}};
-    float* dxn = dx + n * image;
+    float* dxn = epilogue.needs_staging() ? scratch + staging : dx + n * image;
     if (g.pointwise()) {
       Gemm(ckk, pixels, g.o, wt, b, dxn, pixels, false, scratch + layout.pack_a,
            scratch + layout.pack_b);
@@ -262,7 +266,8 @@ inline void Conv2dGradInputKernel(const KernelArgs& args) {
       std::fill_n(dxn, image, 0.0f);
       Col2imAdd(g, dcol, dxn);
     }
-    epilogue(n * image, (n + 1) * image, scratch + layout.total);
+    epilogue(n * image, (n + 1) * image, scratch + layout.total,
+             epilogue.needs_staging() ? dxn : nullptr);
   });
 }
 

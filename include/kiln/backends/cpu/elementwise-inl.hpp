@@ -154,8 +154,11 @@ struct BoundProgram {
   float* out = nullptr;
 
   /// Runs every step over elements [first, first + n) of row r (n <= fused_chunk), the
-  /// intermediate results in `temps` ((steps - 1) chunks), the last step into out.
-  void RunPiece(std::int64_t r, std::int64_t first, std::int64_t n, float* temps) const {
+  /// intermediate results in `temps` ((steps - 1) chunks), the last step into out. With
+  /// `staged`, operand 0 (an anchor's result, the output's shape) is read from there instead:
+  /// staged[i - staged_begin] holds flat element i.
+  void RunPiece(std::int64_t r, std::int64_t first, std::int64_t n, float* temps,
+                const float* staged = nullptr, std::int64_t staged_begin = 0) const {
     const auto& rows = RowTable();
     const auto steps = static_cast<std::int64_t>(program->size());
     std::int64_t offsets[max_op_inputs];
@@ -168,6 +171,7 @@ struct BoundProgram {
       }
       const auto k = static_cast<std::size_t>(-(v + 1));
       contiguous = static_cast<std::size_t>(loop.inner_stride[k]);
+      if (k == 0 && staged) return staged + (r * loop.inner + first - staged_begin);
       return base[k] + offsets[k] + (contiguous ? first : 0);
     };
     for (std::int64_t k = 0; k < steps; ++k) {
@@ -186,13 +190,15 @@ struct BoundProgram {
     }
   }
 
-  /// Runs the program over the flat output elements [begin, end) on the calling thread.
-  void RunRange(std::int64_t begin, std::int64_t end, float* temps) const {
-    while (begin < end) {
-      const std::int64_t r = begin / loop.inner, first = begin % loop.inner;
-      const std::int64_t n = std::min({fused_chunk, loop.inner - first, end - begin});
-      RunPiece(r, first, n, temps);
-      begin += n;
+  /// Runs the program over the flat output elements [begin, end) on the calling thread,
+  /// operand 0 read from `staged` (holding elements [begin, end)) when given.
+  void RunRange(std::int64_t begin, std::int64_t end, float* temps,
+                const float* staged = nullptr) const {
+    for (std::int64_t at = begin; at < end;) {
+      const std::int64_t r = at / loop.inner, first = at % loop.inner;
+      const std::int64_t n = std::min({fused_chunk, loop.inner - first, end - at});
+      RunPiece(r, first, n, temps, staged, begin);
+      at += n;
     }
   }
 };
@@ -225,6 +231,7 @@ public:
       const auto& in = args.in[static_cast<std::size_t>(anchor_arity + k - 1)];
       shapes[static_cast<std::size_t>(k)] = in.shape;
       bound_.base[static_cast<std::size_t>(k)] = in.f32();
+      needs_staging_ = needs_staging_ || in.data == args.out.data;
     }
     bound_.program = &e->program;
     bound_.stores = &e->stores;
@@ -234,15 +241,23 @@ public:
   }
 
   [[nodiscard]] bool active() const { return bound_.program != nullptr; }
+  /// Whether the output took over an operand's memory (OpDef::overwritable_input): the
+  /// anchor must then write its result elsewhere and pass it as `staged`, so the operand is
+  /// still there when the epilogue reads it.
+  [[nodiscard]] bool needs_staging() const { return needs_staging_; }
 
   /// Applies the epilogue to output elements [begin, end); temps: epilogue_floats() floats.
-  void operator()(std::size_t begin, std::size_t end, float* temps) const {
+  /// `staged`, if given, holds the anchor's result for exactly those elements.
+  void operator()(std::size_t begin, std::size_t end, float* temps,
+                  const float* staged = nullptr) const {
     if (active())
-      bound_.RunRange(static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end), temps);
+      bound_.RunRange(static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end), temps,
+                      staged);
   }
 
 private:
   BoundProgram bound_{nullptr, nullptr, {}, BroadcastLoop(Shape{}, {}), nullptr};
+  bool needs_staging_ = false;
 };
 
 inline void FillKernel(const KernelArgs& args) {

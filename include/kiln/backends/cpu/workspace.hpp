@@ -226,6 +226,15 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
   return l;
 }
 
+/// Floats a Conv2d or Conv2dGradInput kernel with an epilogue sets aside, after its layout's
+/// total and the epilogue's temps, to stage one image's result when its output took over an
+/// epilogue operand (see EpilogueRunner::needs_staging).
+inline std::size_t conv_staging_floats(Op op, const ConvGeometry& g, const Attrs* attrs) {
+  const Epilogue* e = attrs ? epilogue_of(*attrs) : nullptr;
+  if (!e || e->empty() || op == Op::Conv2dGradWeight) return 0;
+  return round_up_floats(op == Op::Conv2d ? g.o * g.pixels() : g.c * g.h * g.w);
+}
+
 /// Bytes of scratch memory the kernel of `op` needs per worker thread for these shapes
 /// (args.in[i].shape, args.out.shape, args.attrs are set; data pointers are not).
 /// Always a multiple of 64, so every thread's slice stays cache-line aligned.
@@ -233,7 +242,9 @@ inline std::size_t workspace_per_thread(Op op, const KernelArgs& args) {
   if (op == Op::MatMul)
     return (matmul_layout(matmul_dims(args)).total + epilogue_floats(args.attrs)) * sizeof(float);
   if (op == Op::Conv2d || op == Op::Conv2dGradInput || op == Op::Conv2dGradWeight) {
-    return (conv_layout(op, conv_geometry(op, args)).total + epilogue_floats(args.attrs)) *
+    const ConvGeometry g = conv_geometry(op, args);
+    return (conv_layout(op, g).total + epilogue_floats(args.attrs) +
+            conv_staging_floats(op, g, args.attrs)) *
            sizeof(float);
   }
   if (op == Op::FusedElementwise) {
