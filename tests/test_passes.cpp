@@ -142,11 +142,10 @@ TEST_CASE("default MNIST CNN: fusion cuts kernels to <= 60%, planned memory is <
                                << plan.memory.naive_bytes << " unshared, " << plan.unoptimised_bytes
                                << " unoptimised");
   CHECK(plan.steps.size() * 10 <= unfused.plan().steps.size() * 6);
-  // Naive: every value of the step as built, each in its own buffer.
-  CHECK(plan.memory.arena_bytes * 2 <= plan.unoptimised_bytes);
-  // Sharing alone, on the fused graph whose remaining buffers are mostly the activations
-  // backward needs, still saves a third.
-  CHECK(plan.memory.arena_bytes * 3 <= plan.memory.naive_bytes * 2);
+  // Against the compiled step's own buffers each kept separately (what planning alone
+  // saves), and against every value of the step as built, each in its own buffer.
+  CHECK(plan.memory.arena_bytes * 2 <= plan.memory.naive_bytes);
+  CHECK(plan.memory.arena_bytes * 4 <= plan.unoptimised_bytes);
   CHECK(!kiln::find_overlap(fused.plan().buffers, fused.plan().memory));
 }
 

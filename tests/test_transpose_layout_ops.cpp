@@ -225,6 +225,38 @@ TEST_CASE("transpose: compiled graphs compute it, and its gradient matches finit
   check({2, 3, 2, 2, 3}, {4, 2, 0, 3, 1});
 }
 
+TEST_CASE("transpose: in place over a dying input when the batch axis stays first") {
+  // relu(x) dies at the transpose, which then reorders it image by image in its own memory;
+  // a weight-style permutation that moves the batch axis gets a buffer of its own.
+  for (const std::vector<int>& perm :
+       {std::vector<int>{0, 2, 3, 1}, std::vector<int>{0, 3, 1, 2}, std::vector<int>{2, 3, 1, 0}}) {
+    CAPTURE(perm.size());
+    CAPTURE(perm[0]);
+    for (const int threads : {1, 2}) {
+      kiln::Graph g;
+      auto x = g.input("x", {3, 4, 5, 6});
+      auto t = kiln::transpose(kiln::relu(x), perm);
+      g.mark_output(kiln::exp(t));
+      kiln::Executor exe = kiln::compile(g, {.threads = threads});
+      bool in_place = false;
+      for (const kiln::PlanStep& s : exe.plan().steps)
+        if (s.op == Op::Transpose) in_place = s.output.offset == s.inputs[0].offset;
+      CHECK(in_place == (perm[0] == 0));
+      const std::vector<float> data = random_values(3 * 4 * 5 * 6, 11);
+      std::vector<float> relu(data);
+      for (float& v : relu) v = std::max(v, 0.0f);
+      std::vector<float> want = ref_transpose(relu, Shape{3, 4, 5, 6}, perm);
+      for (float& v : want) v = std::exp(v);
+      exe.set_input("x", data);
+      exe.run();
+      const auto got = exe.output(g.outputs()[0]);
+      REQUIRE(got.size() == want.size());
+      for (std::size_t i = 0; i < want.size(); ++i)
+        CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-6));
+    }
+  }
+}
+
 namespace {
 
 struct PoolCase {

@@ -82,6 +82,12 @@ template <> struct OpDef<Op::Transpose> : OpDefaults {
   static void grad(GradContext& c) {
     c.dx[0] = transpose(c.dy, detail::inverse_perm(c.attr<TransposeAttrs>().perm));
   }
+  /// With the batch axis first in both, images move independently: a kernel that stages
+  /// each image before writing it back (the CPU one does) can reorder in place.
+  static int overwritable_input(const Attrs& attrs) {
+    const auto* a = std::get_if<TransposeAttrs>(&attrs);
+    return a && a->perm.size() > 1 && a->perm[0] == 0 ? 0 : -1;
+  }
 };
 
 /// Reshapes x; one dimension may be -1 and is then inferred.

@@ -95,8 +95,14 @@ inline std::int32_t reuse_dying_inputs(const Graph& g, const std::vector<int>& s
       const ValueId in = node.inputs[k];
       const ValueId r = find(in);
       const Node& owner = g.node(r);
+      // The memory must be exactly the output's size; an elementwise op also needs its
+      // input's shape, other ops answer for how they read the one input they name.
+      const auto same_size = [&](const TensorType& t) {
+        return t.dtype == node.type.dtype && t.shape.numel() == node.type.shape.numel();
+      };
       if (pinned[static_cast<std::size_t>(r)] || class_last[static_cast<std::size_t>(r)] != step ||
-          !(owner.type == node.type) || !(g.node(in).type == node.type))
+          !same_size(owner.type) || !same_size(g.node(in).type) ||
+          (elementwise && !(g.node(in).type == node.type)))
         continue;
       // Every operand in that memory must be read at the output's own indices; other ops
       // promise that only for the one input they name.
@@ -104,8 +110,7 @@ inline std::int32_t reuse_dying_inputs(const Graph& g, const std::vector<int>& s
       for (std::size_t j = 0; j < node.inputs.size(); ++j) {
         const ValueId other = node.inputs[j];
         if (find(other) != r) continue;
-        if (!(g.node(other).type.shape == node.type.shape) || (!elementwise && j != k))
-          aligned = false;
+        if (elementwise ? !(g.node(other).type.shape == node.type.shape) : j != k) aligned = false;
       }
       if (!aligned) continue;
       root[static_cast<std::size_t>(id)] = r;

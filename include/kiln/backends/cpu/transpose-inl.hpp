@@ -25,6 +25,7 @@
 #include <hwy/highway.h>
 
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::HWY_NAMESPACE {
@@ -222,13 +223,11 @@ inline void Transpose2D(const Word* HWY_RESTRICT src, std::int64_t ss, Word* HWY
     for (std::int64_t j = 0; j < cols; ++j) dst[j * ds + i] = src[i * ss + j];
 }
 
-inline void Transpose(const KernelArgs& args) {
-  const auto& perm = std::get_if<TransposeAttrs>(args.attrs)->perm;
-  const auto* src = static_cast<const Word*>(args.in[0].data);
-  auto* dst = static_cast<Word*>(args.out.data);
-  const std::int64_t total = args.out.numel();
+/// dst = src of shape `in` with its axes permuted; src and dst do not overlap.
+inline void Transpose(const Word* src, Word* dst, const Shape& in, const std::vector<int>& perm) {
+  const std::int64_t total = in.numel();
   if (total == 0) return;
-  const Essential e = Simplify(args.in[0].shape, perm);
+  const Essential e = Simplify(in, perm);
   const int k = e.rank;
   if (k <= 1) { // nothing moves
     std::memcpy(dst, src, static_cast<std::size_t>(total) * sizeof(Word));
@@ -320,7 +319,27 @@ inline void Transpose(const KernelArgs& args) {
 } // namespace transpose_detail
 
 /// transpose: out dim i = in dim perm[i]; moves 4-byte elements of any dtype.
-inline void TransposeKernel(const KernelArgs& args) { transpose_detail::Transpose(args); }
+inline void TransposeKernel(const KernelArgs& args) {
+  using transpose_detail::Word;
+  const auto& perm = std::get_if<TransposeAttrs>(args.attrs)->perm;
+  const Shape& in = args.in[0].shape;
+  auto* out = static_cast<Word*>(args.out.data);
+  if (args.out.data != args.in[0].data) {
+    transpose_detail::Transpose(static_cast<const Word*>(args.in[0].data), out, in, perm);
+    return;
+  }
+  // In place (OpDef::overwritable_input: the batch axis stays first): each image is copied
+  // to this thread's workspace and reordered back from there.
+  const Shape image(in.begin() + 1, in.end());
+  std::vector<int> image_perm;
+  for (std::size_t i = 1; i < perm.size(); ++i) image_perm.push_back(perm[i] - 1);
+  const std::int64_t words = image.numel();
+  tbb::parallel_for(std::int64_t{0}, in[0], [&](std::int64_t n) {
+    auto* staged = reinterpret_cast<Word*>(ThreadScratch(args));
+    std::memcpy(staged, out + n * words, static_cast<std::size_t>(words) * sizeof(Word));
+    transpose_detail::Transpose(staged, out + n * words, image, image_perm);
+  });
+}
 
 /// Puts this target's transpose kernel into the table.
 inline void RegisterTransposeKernels(KernelTable& table) {

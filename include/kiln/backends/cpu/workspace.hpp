@@ -247,6 +247,12 @@ inline std::size_t workspace_per_thread(Op op, const KernelArgs& args) {
             conv_staging_floats(op, g, args.attrs)) *
            sizeof(float);
   }
+  if (op == Op::Transpose) { // one image, for a transpose in place
+    const auto& perm = std::get_if<TransposeAttrs>(args.attrs)->perm;
+    const Shape& in = args.in[0].shape;
+    if (perm.empty() || perm[0] != 0 || in[0] == 0) return 0;
+    return round_up_floats(static_cast<std::size_t>(in.numel() / in[0])) * sizeof(float);
+  }
   if (op == Op::FusedElementwise) {
     const auto& program = std::get_if<FusedAttrs>(args.attrs)->program;
     return (program.size() - 1) * static_cast<std::size_t>(fused_chunk) * sizeof(float);
