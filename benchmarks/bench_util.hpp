@@ -8,12 +8,13 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "kiln/runtime/executor.hpp"
+#include "kiln/kiln.hpp"
 
 namespace bench {
 
@@ -42,6 +43,51 @@ inline bool parse_flags(int argc, char** argv, std::vector<std::pair<std::string
     }
   }
   return true;
+}
+
+/// The flags every training-step benchmark takes.
+struct StepFlags {
+  int threads = 2, batch = 64, rounds = 5, steps = 5;
+  std::string json;
+};
+
+/// Parses --threads, --batch, --rounds, --steps and --json for benchmark `name` into `flags`
+/// (whose values are the defaults); prints the usage line and returns false on anything else.
+inline bool parse_step_flags(int argc, char** argv, const std::string& name, StepFlags& flags) {
+  const std::string usage =
+      "usage: " + name + " [--threads N] [--batch N] [--rounds N] [--steps N] [--json FILE]\n";
+  return parse_flags(argc, argv,
+                     {{"threads", &flags.threads},
+                      {"batch", &flags.batch},
+                      {"rounds", &flags.rounds},
+                      {"steps", &flags.steps}},
+                     flags.json, usage.c_str());
+}
+
+/// The three reference networks every training-step benchmark runs.
+inline const std::pair<const char*, kiln::nn::Sequential (*)()> reference_networks[] = {
+    {"mnist_cnn", &kiln::nn::models::mnist_cnn},
+    {"lenet5", &kiln::nn::models::lenet5},
+    {"small_resnet", &kiln::nn::models::small_resnet}};
+
+/// Builds into `g` the training step of network `make` (seeded parameters, inputs "x" and
+/// "y" of `batch` images, softmax cross-entropy, SGD).
+inline void build_training_step(kiln::Graph& g, kiln::nn::Sequential (*make)(), int batch,
+                                const kiln::optim::SGD& sgd) {
+  kiln::nn::manual_seed(1);
+  kiln::nn::Sequential net = make();
+  const auto x = g.input("x", {batch, 1, 28, 28});
+  const auto y = g.input("y", {batch}, kiln::i32);
+  (void)kiln::train_step(kiln::softmax_cross_entropy(net(x), y), net.parameters(), sgd);
+}
+
+/// One fixed, seeded batch of MNIST-shaped images (values in the normalised range) and labels.
+inline void random_batch(int batch, std::vector<float>& images, std::vector<std::int32_t>& labels) {
+  kiln::Rng rng(1);
+  images.resize(static_cast<std::size_t>(batch) * 784);
+  labels.resize(static_cast<std::size_t>(batch));
+  for (float& v : images) v = rng.uniform(-0.4f, 2.8f);
+  for (auto& l : labels) l = static_cast<std::int32_t>(rng.below(10));
 }
 
 /// Median, fastest and slowest of repeated measurements.
@@ -83,18 +129,19 @@ inline double own_cpu_seconds() {
 }
 } // namespace detail
 
-/// Runs every executor `steps` times per round, the executors alternating within each round
+/// Calls every runner `steps` times per round, the runners alternating within each round
 /// (A B A B ...) so that all of them see the same machine load.
-inline Timing time_alternately(std::vector<kiln::Executor>& exes, int rounds, int steps) {
+inline Timing time_alternately(const std::vector<std::function<void()>>& runners, int rounds,
+                               int steps) {
   using clock = std::chrono::steady_clock;
-  std::vector<std::vector<double>> ms(exes.size());
+  std::vector<std::vector<double>> ms(runners.size());
   const auto [busy0, total0] = detail::machine_jiffies();
   const double own0 = detail::own_cpu_seconds();
   const auto wall0 = clock::now();
   for (int r = 0; r < rounds; ++r)
-    for (std::size_t k = 0; k < exes.size(); ++k) {
+    for (std::size_t k = 0; k < runners.size(); ++k) {
       const auto t0 = clock::now();
-      for (int s = 0; s < steps; ++s) exes[k].run();
+      for (int s = 0; s < steps; ++s) runners[k]();
       ms[k].push_back(1000.0 * std::chrono::duration<double>(clock::now() - t0).count() / steps);
     }
   Timing t;
@@ -107,6 +154,13 @@ inline Timing time_alternately(std::vector<kiln::Executor>& exes, int rounds, in
   t.other_cores = std::max(0.0, busy_seconds - (detail::own_cpu_seconds() - own0)) / t.seconds;
   for (auto& m : ms) t.per_executor.emplace_back(std::move(m));
   return t;
+}
+
+/// time_alternately over executors' runs.
+inline Timing time_alternately(std::vector<kiln::Executor>& exes, int rounds, int steps) {
+  std::vector<std::function<void()>> runners;
+  for (kiln::Executor& e : exes) runners.emplace_back([&e] { e.run(); });
+  return time_alternately(runners, rounds, steps);
 }
 
 /// The line every benchmark ends its table with.

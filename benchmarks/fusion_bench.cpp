@@ -76,32 +76,17 @@ struct Row {
 } // namespace
 
 int main(int argc, char** argv) {
-  int threads = 2, batch = 64, rounds = 5, steps = 5;
-  std::string json;
-  if (!bench::parse_flags(
-          argc, argv,
-          {{"threads", &threads}, {"batch", &batch}, {"rounds", &rounds}, {"steps", &steps}}, json,
-          "usage: fusion_bench [--threads N] [--batch N] [--rounds N] [--steps N] [--json FILE]\n"))
-    return 2;
-  const std::pair<const char*, kiln::nn::Sequential (*)()> networks[] = {
-      {"mnist_cnn", &kiln::nn::models::mnist_cnn},
-      {"lenet5", &kiln::nn::models::lenet5},
-      {"small_resnet", &kiln::nn::models::small_resnet}};
-  kiln::Rng rng(1);
-  std::vector<float> images(static_cast<std::size_t>(batch) * 784);
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
-  for (float& v : images) v = rng.uniform(-0.4f, 2.8f);
-  for (auto& l : labels) l = static_cast<std::int32_t>(rng.below(10));
+  bench::StepFlags flags;
+  if (!bench::parse_step_flags(argc, argv, "fusion_bench", flags)) return 2;
+  const auto [threads, batch, rounds, steps, json] = flags;
+  std::vector<float> images;
+  std::vector<std::int32_t> labels;
+  bench::random_batch(batch, images, labels);
 
   std::string json_rows;
-  for (const auto& [network, make] : networks) {
-    kiln::nn::manual_seed(1);
-    kiln::nn::Sequential net = make();
+  for (const auto& [network, make] : bench::reference_networks) {
     kiln::Graph g;
-    const auto x = g.input("x", {batch, 1, 28, 28});
-    const auto y = g.input("y", {batch}, kiln::i32);
-    (void)kiln::train_step(kiln::softmax_cross_entropy(net(x), y), net.parameters(),
-                           kiln::optim::SGD{.lr = 0.01f, .momentum = 0.9f});
+    bench::build_training_step(g, make, batch, {.lr = 0.01f, .momentum = 0.9f});
     std::vector<kiln::Executor> exes;
     for (const Config& c : configs) {
       exes.push_back(kiln::compile(g, {.threads = threads, .disable = c.disable}));
