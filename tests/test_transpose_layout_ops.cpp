@@ -36,12 +36,6 @@ using kiln::test::relative_error;
 using kiln::test::tied_values;
 using kiln::test::view;
 
-Shape permuted(const Shape& s, const std::vector<int>& perm) {
-  Shape out = s;
-  for (std::size_t i = 0; i < perm.size(); ++i) out[static_cast<int>(i)] = s[perm[i]];
-  return out;
-}
-
 /// Scalar transpose: out[idx] = x[idx permuted back], element by element.
 template <class T>
 std::vector<T> ref_transpose(const std::vector<T>& x, const Shape& xs,

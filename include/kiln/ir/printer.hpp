@@ -29,9 +29,7 @@ inline std::string attr_text(const PartAttrs& a) {
   return " {offset=" + std::to_string(a.offset) + ", shape=" + a.shape.str() + "}";
 }
 inline std::string attr_text(const TransposeAttrs& a) {
-  std::string s = " {perm=[";
-  for (std::size_t i = 0; i < a.perm.size(); ++i) s += (i ? "," : "") + std::to_string(a.perm[i]);
-  return s + "]}";
+  return " {perm=" + perm_text(a.perm) + "}";
 }
 inline std::string attr_text(const FillAttrs& a) {
   return " {value=" + float_text(a.value) + ", shape=" + a.shape.str() + "}";

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -60,6 +61,20 @@ struct TransposeAttrs {
   std::vector<int> perm;
   friend bool operator==(const TransposeAttrs&, const TransposeAttrs&) = default;
 };
+
+/// `s` with its axes permuted as a transpose by `perm` permutes them.
+inline Shape permuted(const Shape& s, std::span<const int> perm) {
+  Shape out = s;
+  for (std::size_t i = 0; i < perm.size(); ++i) out[static_cast<int>(i)] = s[perm[i]];
+  return out;
+}
+
+/// "[0,2,3,1]".
+inline std::string perm_text(std::span<const int> perm) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < perm.size(); ++i) s += (i ? "," : "") + std::to_string(perm[i]);
+  return s + "]";
+}
 
 /// A tensor of `shape` filled with `value` (e.g. the seed gradient 1 of a loss).
 struct FillAttrs {

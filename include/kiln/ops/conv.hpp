@@ -24,7 +24,7 @@ inline std::int64_t column_matrix_bytes(const Conv2dAttrs& a, const Shape& x, co
 
 namespace detail {
 /// A convolution whose kernel writes each image's output once, after its GEMM (see
-/// EpilogueRunner::needs_staging), may take over the memory of its epilogue's first operand
+/// EpilogueRunner::result_target), may take over the memory of its epilogue's first operand
 /// (the relu mask's activation after an input gradient, a residual).
 inline int epilogue_operand_overwritable(const Attrs& attrs) {
   const auto* a = std::get_if<Conv2dAttrs>(&attrs);

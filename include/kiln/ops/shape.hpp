@@ -41,12 +41,6 @@ template <> struct OpDef<Op::Part> : OpDefaults {
 };
 
 namespace detail {
-/// "[0,2,3,1]".
-inline std::string perm_text(const std::vector<int>& perm) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < perm.size(); ++i) s += (i ? "," : "") + std::to_string(perm[i]);
-  return s + "]";
-}
 /// The permutation that undoes `perm`.
 inline std::vector<int> inverse_perm(const std::vector<int>& perm) {
   std::vector<int> inv(perm.size());
@@ -72,12 +66,10 @@ template <> struct OpDef<Op::Transpose> : OpDefaults {
       if (ok) seen[static_cast<std::size_t>(perm[i])] = true;
     }
     if (!ok)
-      c.fail(errc::attr, "perm " + detail::perm_text(perm) + " is not a permutation of 0.." +
+      c.fail(errc::attr, "perm " + perm_text(perm) + " is not a permutation of 0.." +
                              std::to_string(rank - 1) + " (input rank " + std::to_string(rank) +
                              ")");
-    Shape out = x;
-    for (int i = 0; i < rank; ++i) out[i] = x[perm[static_cast<std::size_t>(i)]];
-    return TensorType{out, c.in(0).dtype};
+    return TensorType{permuted(x, perm), c.in(0).dtype};
   }
   static void grad(GradContext& c) {
     c.dx[0] = transpose(c.dy, detail::inverse_perm(c.attr<TransposeAttrs>().perm));

@@ -28,12 +28,6 @@ inline constexpr std::array<int, 4> nhwc_to_nchw{0, 3, 1, 2};
 inline constexpr std::array<int, 4> forward_weight_pack{2, 3, 1, 0};
 inline constexpr std::array<int, 4> backward_weight_pack{2, 3, 0, 1};
 
-inline Shape permuted(const Shape& s, std::span<const int> perm) {
-  Shape out = s;
-  for (std::size_t i = 0; i < perm.size(); ++i) out[static_cast<int>(i)] = s[perm[i]];
-  return out;
-}
-
 /// True when `perm` only moves axes of size 1: the reorder is then a reshape, a free view.
 inline bool is_free(const Shape& s, std::span<const int> perm) {
   int last = -1;

@@ -230,12 +230,11 @@ inline void Conv2dKernel(const KernelArgs& args) {
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
     float* col = scratch + layout.col;
-    float* yn = epilogue.needs_staging() ? scratch + staging : y + n * image;
+    float* yn = epilogue.result_target(y + n * image, scratch + staging);
     PackColumns(g, x + n * g.c * g.h * g.w, col);
     const GemmB b{MatRef{}, col, ckk};
     Gemm(g.o, pixels, ckk, MatRef{w, ckk, 1}, b, yn, pixels, false, nullptr, nullptr);
-    epilogue(n * image, (n + 1) * image, scratch + layout.total,
-             epilogue.needs_staging() ? yn : nullptr);
+    epilogue(n * image, (n + 1) * image, scratch + layout.total, yn);
   });
 }
 
@@ -255,7 +254,7 @@ inline void Conv2dGradInputKernel(const KernelArgs& args) {
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
     const GemmB b{MatRef{dy + n * g.o * pixels, pixels, 1}};
-    float* dxn = epilogue.needs_staging() ? scratch + staging : dx + n * image;
+    float* dxn = epilogue.result_target(dx + n * image, scratch + staging);
     if (g.pointwise()) {
       Gemm(ckk, pixels, g.o, wt, b, dxn, pixels, false, scratch + layout.pack_a,
            scratch + layout.pack_b);
@@ -266,8 +265,7 @@ inline void Conv2dGradInputKernel(const KernelArgs& args) {
       std::fill_n(dxn, image, 0.0f);
       Col2imAdd(g, dcol, dxn);
     }
-    epilogue(n * image, (n + 1) * image, scratch + layout.total,
-             epilogue.needs_staging() ? dxn : nullptr);
+    epilogue(n * image, (n + 1) * image, scratch + layout.total, dxn);
   });
 }
 

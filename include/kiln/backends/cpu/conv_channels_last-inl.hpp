@@ -188,12 +188,11 @@ inline void Conv2dChannelsLastKernel(const KernelArgs& args) {
   const std::size_t staging = layout.total + epilogue_floats(args.attrs);
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
-    float* yn = epilogue.needs_staging() ? scratch + staging : y + n * image;
+    float* yn = epilogue.result_target(y + n * image, scratch + staging);
     const auto [in, width] = HaloedImage(x + n * g.h * g.w * g.c, g.h, g.w, halo, scratch);
     const TapWalk taps{g.kh, g.kw, 0, 0, w, static_cast<std::ptrdiff_t>(g.c * g.o)};
     ImplicitGemmAnyWidth(in, width, g.c, g.stride_h, g.stride_w, g.oh, g.ow, taps, g.o, yn);
-    epilogue(n * image, (n + 1) * image, scratch + layout.total,
-             epilogue.needs_staging() ? yn : nullptr);
+    epilogue(n * image, (n + 1) * image, scratch + layout.total, yn);
   });
 }
 
@@ -211,14 +210,13 @@ inline void Conv2dGradInputChannelsLastKernel(const KernelArgs& args) {
   const std::size_t staging = layout.total + epilogue_floats(args.attrs);
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
-    float* dxn = epilogue.needs_staging() ? scratch + staging : dx + n * image;
+    float* dxn = epilogue.result_target(dx + n * image, scratch + staging);
     const auto [in, width] = HaloedImage(dy + n * g.pixels() * g.o, g.oh, g.ow, halo, scratch);
     // Tap (i, j) of the flipped kernel is tap (KH - 1 - i, KW - 1 - j) of the weight.
     const TapWalk taps{
         g.kh, g.kw, 0, 0, w + (g.kh * g.kw - 1) * block, -static_cast<std::ptrdiff_t>(block)};
     ImplicitGemmAnyWidth(in, width, g.o, 1, 1, g.h, g.w, taps, g.c, dxn);
-    epilogue(n * image, (n + 1) * image, scratch + layout.total,
-             epilogue.needs_staging() ? dxn : nullptr);
+    epilogue(n * image, (n + 1) * image, scratch + layout.total, dxn);
   });
 }
 

@@ -241,18 +241,21 @@ public:
   }
 
   [[nodiscard]] bool active() const { return bound_.program != nullptr; }
-  /// Whether the output took over an operand's memory (OpDef::overwritable_input): the
-  /// anchor must then write its result elsewhere and pass it as `staged`, so the operand is
-  /// still there when the epilogue reads it.
-  [[nodiscard]] bool needs_staging() const { return needs_staging_; }
+  /// Where an anchor writes its result for a piece of output before the epilogue runs: the
+  /// output itself, or `staging` when the output took over an operand's memory
+  /// (OpDef::overwritable_input), so that the operand is still there when the epilogue reads
+  /// it. Pass the same pointer to operator().
+  [[nodiscard]] float* result_target(float* output_piece, float* staging) const {
+    return needs_staging_ ? staging : output_piece;
+  }
 
   /// Applies the epilogue to output elements [begin, end); temps: epilogue_floats() floats.
-  /// `staged`, if given, holds the anchor's result for exactly those elements.
+  /// `result`, from result_target(), holds the anchor's result for those elements.
   void operator()(std::size_t begin, std::size_t end, float* temps,
-                  const float* staged = nullptr) const {
+                  const float* result = nullptr) const {
     if (active())
       bound_.RunRange(static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end), temps,
-                      staged);
+                      needs_staging_ ? result : nullptr);
   }
 
 private:

@@ -228,7 +228,7 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
 
 /// Floats a Conv2d or Conv2dGradInput kernel with an epilogue sets aside, after its layout's
 /// total and the epilogue's temps, to stage one image's result when its output took over an
-/// epilogue operand (see EpilogueRunner::needs_staging).
+/// epilogue operand (see EpilogueRunner::result_target).
 inline std::size_t conv_staging_floats(Op op, const ConvGeometry& g, const Attrs* attrs) {
   const Epilogue* e = attrs ? epilogue_of(*attrs) : nullptr;
   if (!e || e->empty() || op == Op::Conv2dGradWeight) return 0;
