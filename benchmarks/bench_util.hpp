@@ -130,7 +130,10 @@ inline double own_cpu_seconds() {
 } // namespace detail
 
 /// Calls every runner `steps` times per round, the runners alternating within each round
-/// (A B A B ...) so that all of them see the same machine load.
+/// (A B A B ...) so that all of them see the same machine load. Each block of steps starts
+/// after a pause and one untimed call: thread pools spin for a while after their last task
+/// (libgomp's workers, oneTBB's), and a runner timed while the previous one's threads still
+/// spin would lose a core to them.
 inline Timing time_alternately(const std::vector<std::function<void()>>& runners, int rounds,
                                int steps) {
   using clock = std::chrono::steady_clock;
@@ -140,6 +143,10 @@ inline Timing time_alternately(const std::vector<std::function<void()>>& runners
   const auto wall0 = clock::now();
   for (int r = 0; r < rounds; ++r)
     for (std::size_t k = 0; k < runners.size(); ++k) {
+      if (runners.size() > 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        runners[k]();
+      }
       const auto t0 = clock::now();
       for (int s = 0; s < steps; ++s) runners[k]();
       ms[k].push_back(1000.0 * std::chrono::duration<double>(clock::now() - t0).count() / steps);

@@ -68,11 +68,17 @@ void bench(const char* name, kiln::Op op, std::vector<Input> inputs, kiln::Shape
               flops / gflops[gflops.size() / 2] * 1e-6, args.workspace_per_thread / 1024);
 }
 
-/// A 3x3 convolution, NCHW or, when `channels_last`, the layout pass's NHWC form with its
-/// pre-packed weight.
-void bench_conv(const char* name, kiln::Op op, std::int64_t n, std::int64_t c, std::int64_t hw,
-                std::int64_t o, int repeats, bool channels_last = false) {
-  const std::int64_t k = 3, ohw = hw - k + 1;
+/// A k x k stride-1 convolution, NCHW or, when `channels_last`, the layout pass's NHWC form
+/// with its pre-packed weight.
+struct ConvCase {
+  std::int64_t c, hw, o, k = 3, pad = 0;
+  bool channels_last = false;
+};
+
+void bench_conv(const char* name, kiln::Op op, const ConvCase& s, int repeats) {
+  const std::int64_t n = 64, c = s.c, hw = s.hw, o = s.o, k = s.k;
+  const std::int64_t ohw = hw + 2 * s.pad - k + 1;
+  const bool channels_last = s.channels_last;
   const kiln::Shape x = channels_last ? kiln::Shape{n, hw, hw, c} : kiln::Shape{n, c, hw, hw};
   const kiln::Shape y = channels_last ? kiln::Shape{n, ohw, ohw, o} : kiln::Shape{n, o, ohw, ohw};
   kiln::Shape w{o, c, k, k};
@@ -80,6 +86,7 @@ void bench_conv(const char* name, kiln::Op op, std::int64_t n, std::int64_t c, s
     w = op == kiln::Op::Conv2d ? kiln::Shape{k, k, c, o} : kiln::Shape{k, k, o, c};
   kiln::Conv2dAttrs conv;
   conv.channels_last = channels_last;
+  conv.pad_h = conv.pad_w = static_cast<int>(s.pad);
   const kiln::Attrs attrs = conv;
   const double flops = 2.0 * static_cast<double>(n * o * ohw * ohw * c * k * k);
   if (op == kiln::Op::Conv2d) {
@@ -111,20 +118,31 @@ int main(int argc, char** argv) {
   tbb::task_arena arena(threads);
   arena.execute([&] {
     using kiln::Op;
-    bench_conv("conv 1->32 3x3 28x28", Op::Conv2d, 64, 1, 28, 32, repeats);
-    bench_conv("conv 1->32 dW", Op::Conv2dGradWeight, 64, 1, 28, 32, repeats);
-    bench_conv("conv 32->64 3x3 26x26", Op::Conv2d, 64, 32, 26, 64, repeats);
-    bench_conv("conv 32->64 dX", Op::Conv2dGradInput, 64, 32, 26, 64, repeats);
-    bench_conv("conv 32->64 dW", Op::Conv2dGradWeight, 64, 32, 26, 64, repeats);
-    bench_conv("conv 1->32 3x3 28x28, NHWC", Op::Conv2d, 64, 1, 28, 32, repeats, true);
-    bench_conv("conv 1->32 dW, NHWC", Op::Conv2dGradWeight, 64, 1, 28, 32, repeats, true);
-    bench_conv("conv 32->64 3x3 26x26, NHWC", Op::Conv2d, 64, 32, 26, 64, repeats, true);
-    bench_conv("conv 32->64 dX, NHWC", Op::Conv2dGradInput, 64, 32, 26, 64, repeats, true);
-    bench_conv("conv 32->64 dW, NHWC", Op::Conv2dGradWeight, 64, 32, 26, 64, repeats, true);
+    const ConvCase first{.c = 1, .hw = 28, .o = 32}, second{.c = 32, .hw = 26, .o = 64};
+    const ConvCase first_nhwc{.c = 1, .hw = 28, .o = 32, .channels_last = true};
+    const ConvCase second_nhwc{.c = 32, .hw = 26, .o = 64, .channels_last = true};
+    const ConvCase lenet_first{.c = 1, .hw = 28, .o = 6, .k = 5, .pad = 2};
+    const ConvCase lenet_second{.c = 6, .hw = 14, .o = 16, .k = 5};
+    bench_conv("conv 1->32 3x3 28x28", Op::Conv2d, first, repeats);
+    bench_conv("conv 1->32 dW", Op::Conv2dGradWeight, first, repeats);
+    bench_conv("conv 32->64 3x3 26x26", Op::Conv2d, second, repeats);
+    bench_conv("conv 32->64 dX", Op::Conv2dGradInput, second, repeats);
+    bench_conv("conv 32->64 dW", Op::Conv2dGradWeight, second, repeats);
+    bench_conv("conv 1->32 3x3 28x28, NHWC", Op::Conv2d, first_nhwc, repeats);
+    bench_conv("conv 1->32 dW, NHWC", Op::Conv2dGradWeight, first_nhwc, repeats);
+    bench_conv("conv 32->64 3x3 26x26, NHWC", Op::Conv2d, second_nhwc, repeats);
+    bench_conv("conv 32->64 dX, NHWC", Op::Conv2dGradInput, second_nhwc, repeats);
+    bench_conv("conv 32->64 dW, NHWC", Op::Conv2dGradWeight, second_nhwc, repeats);
+    bench_conv("lenet conv 1->6 5x5 pad 2", Op::Conv2d, lenet_first, repeats);
+    bench_conv("lenet conv 1->6 dW", Op::Conv2dGradWeight, lenet_first, repeats);
+    bench_conv("lenet conv 6->16 5x5 14x14", Op::Conv2d, lenet_second, repeats);
+    bench_conv("lenet conv 6->16 dX", Op::Conv2dGradInput, lenet_second, repeats);
+    bench_conv("lenet conv 6->16 dW", Op::Conv2dGradWeight, lenet_second, repeats);
     bench_matmul("matmul [64,9216]x[128,9216]^T", 64, 128, 9216, false, true, repeats);
     bench_matmul("matmul [128,64]^T x [64,9216] (dW)", 128, 9216, 64, true, false, repeats);
     bench_matmul("matmul [64,128]x[128,9216] (dX)", 64, 9216, 128, false, false, repeats);
     bench_matmul("matmul [64,128]x[10,128]^T", 64, 10, 128, false, true, repeats);
+    bench_matmul("lenet matmul [64,120]^T x [64,400] (dW)", 120, 400, 64, true, false, repeats);
   });
   return 0;
 }

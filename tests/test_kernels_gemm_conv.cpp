@@ -316,6 +316,28 @@ TEST_CASE("conv kernels: pointwise (1x1) convolutions") {
       620);
 }
 
+TEST_CASE("conv kernels: LeNet-5's convolutions, over shifted rows of the padded image") {
+  // A first layer (5x5, padding 2, 6 filters: tiles of 6 rows) and the second (its input
+  // gradient has 6 rows), both read as shifted windows instead of a column matrix.
+  check_conv({.n = 3, .c = 1, .h = 28, .w = 28, .o = 6, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
+             650);
+  check_conv({.n = 2, .c = 6, .h = 14, .w = 14, .o = 16, .kh = 5, .kw = 5}, 660);
+  // Padding as wide as the kernel: the input gradient falls back to im2col.
+  check_conv({.n = 2, .c = 2, .h = 4, .w = 5, .o = 3, .kh = 2, .kw = 2, .pad_h = 2, .pad_w = 2},
+             670);
+  using kiln::cpu::ConvGeometry;
+  const ConvGeometry first{
+      .c = 1, .h = 28, .w = 28, .o = 6, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2};
+  const ConvGeometry second{.c = 6, .h = 14, .w = 14, .o = 16, .kh = 5, .kw = 5};
+  const ConvGeometry wide_padding{
+      .c = 2, .h = 4, .w = 5, .o = 3, .kh = 2, .kw = 2, .pad_h = 2, .pad_w = 2};
+  CHECK(kiln::cpu::conv_reads_shifted_rows(Op::Conv2d, first));
+  CHECK(kiln::cpu::conv_reads_shifted_rows(Op::Conv2dGradWeight, first));
+  CHECK(kiln::cpu::conv_reads_shifted_rows(Op::Conv2dGradInput, second));
+  CHECK_FALSE(kiln::cpu::conv_reads_shifted_rows(Op::Conv2dGradWeight, second));
+  CHECK_FALSE(kiln::cpu::conv_reads_shifted_rows(Op::Conv2dGradInput, wide_padding));
+}
+
 TEST_CASE("conv kernels: the MNIST CNN's second convolution") {
   // ckk = 288 crosses the depth block, 576 pixels cross the column block.
   check_conv({.n = 3, .c = 32, .h = 26, .w = 26, .o = 64, .kh = 3, .kw = 3}, 700);

@@ -14,7 +14,9 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include "kiln/backends/cpu/conv_shifted_rows-inl.hpp"
 #include "kiln/backends/cpu/elementwise-inl.hpp"
+#include "kiln/backends/cpu/float_runs-inl.hpp"
 #include "kiln/backends/cpu/gemm-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
@@ -22,49 +24,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-/// Copies n floats with whole vectors; a ragged end is covered by one more vector that
-/// overlaps the previous one and rewrites a few floats with the same values. (Masked stores
-/// would be the other way, but are slow on AMD cores.)
-HWY_INLINE void CopyFloats(float* HWY_RESTRICT dst, const float* HWY_RESTRICT src, std::size_t n) {
-  const GemmTag d;
-  const std::size_t lanes = hn::Lanes(d);
-  if (n < lanes) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
-    return;
-  }
-  std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::LoadU(d, src + i), d, dst + i);
-  if (i < n) hn::StoreU(hn::LoadU(d, src + n - lanes), d, dst + n - lanes);
-}
-
-/// Sets n floats to zero, like CopyFloats.
-HWY_INLINE void ZeroFloats(float* HWY_RESTRICT dst, std::size_t n) {
-  const GemmTag d;
-  const std::size_t lanes = hn::Lanes(d);
-  if (n < lanes) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = 0.0f;
-    return;
-  }
-  std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::Zero(d), d, dst + i);
-  if (i < n) hn::StoreU(hn::Zero(d), d, dst + n - lanes);
-}
-
-/// dst[i] += src[i] for n floats: full vectors, then 128-bit ones, then scalars.
-HWY_INLINE void AddFloats(float* HWY_RESTRICT dst, const float* HWY_RESTRICT src, std::size_t n) {
-  const GemmTag d;
-  const hn::CappedTag<float, 4> d4;
-  const std::size_t lanes = hn::Lanes(d), lanes4 = hn::Lanes(d4);
-  std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    hn::StoreU(hn::Add(hn::LoadU(d, dst + i), hn::LoadU(d, src + i)), d, dst + i);
-  }
-  for (; i + lanes4 <= n; i += lanes4) {
-    hn::StoreU(hn::Add(hn::LoadU(d4, dst + i), hn::LoadU(d4, src + i)), d4, dst + i);
-  }
-  for (; i < n; ++i) dst[i] += src[i];
-}
 
 /// One row of the column matrix: the tap (input channel, kernel row, kernel column) it
 /// stands for. Output column ow reads input column ow * stride_w + offset, which is inside
@@ -221,6 +180,10 @@ inline void Col2imAdd(const ConvGeometry& g, const float* HWY_RESTRICT dcol,
 inline void Conv2dKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2d, args);
   const ConvLayout layout = conv_layout(Op::Conv2d, g);
+  if (conv_reads_shifted_rows(Op::Conv2d, g)) {
+    ConvShiftedRows(Op::Conv2d, args, g, layout);
+    return;
+  }
   const float* x = args.in[0].f32();
   const float* w = args.in[1].f32();
   float* y = args.out.f32();
@@ -243,6 +206,10 @@ inline void Conv2dKernel(const KernelArgs& args) {
 inline void Conv2dGradInputKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2dGradInput, args);
   const ConvLayout layout = conv_layout(Op::Conv2dGradInput, g);
+  if (conv_reads_shifted_rows(Op::Conv2dGradInput, g)) {
+    ConvShiftedRows(Op::Conv2dGradInput, args, g, layout);
+    return;
+  }
   const float* dy = args.in[0].f32();
   const float* w = args.in[1].f32();
   float* dx = args.out.f32();
@@ -281,12 +248,16 @@ inline double TileUse(std::size_t m, std::size_t n) {
 
 /// Op::Conv2dGradWeight: dW = sum_n dy[n] · im2col(x[n])^T. Each thread accumulates its images
 /// into its own partial dW in the workspace; the partials are summed at the end. When there
-/// are few taps (a first layer: 9 for a 3x3 kernel on one channel), the GEMM is turned
+/// are few taps (a strided first layer: 9 for a 3x3 kernel on one channel), the GEMM is turned
 /// around to dW^T = col · dy^T, so that the taps fill tile rows instead of wide tile columns.
 /// The epilogue (typically the optimizer update) runs over each block of the summed dW.
 inline void Conv2dGradWeightKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2dGradWeight, args);
   const ConvLayout layout = conv_layout(Op::Conv2dGradWeight, g);
+  if (conv_reads_shifted_rows(Op::Conv2dGradWeight, g)) {
+    Conv2dGradWeightShiftedRows(args, g, layout);
+    return;
+  }
   const float* x = args.in[0].f32();
   const float* dy = args.in[1].f32();
   float* dw = args.out.f32();

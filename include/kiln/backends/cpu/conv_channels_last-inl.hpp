@@ -69,11 +69,7 @@ HWY_INLINE void ImplicitTile(const float* const* row, std::size_t m, const TapWa
   using V = hn::Vec<GemmTag>;
   const std::size_t lanes = hn::Lanes(d);
   V acc[MR][NV];
-  HWY_UNROLL(8)
-  for (std::size_t r = 0; r < MR; ++r) {
-    HWY_UNROLL(4)
-    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
-  }
+  ZeroAccumulators(acc);
   const float* a[MR];
   HWY_UNROLL(8)
   for (std::size_t r = 0; r < MR; ++r) a[r] = row[std::min(r, m - 1)];
@@ -232,11 +228,7 @@ HWY_INLINE void WeightGradTile(const float* image, std::size_t width, const Conv
   using V = hn::Vec<GemmTag>;
   const std::size_t lanes = hn::Lanes(d);
   V acc[MR][NV];
-  HWY_UNROLL(8)
-  for (std::size_t r = 0; r < MR; ++r) {
-    HWY_UNROLL(4)
-    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
-  }
+  ZeroAccumulators(acc);
   std::size_t at[MR];
   HWY_UNROLL(8)
   for (std::size_t r = 0; r < MR; ++r) at[r] = offset[std::min(r, m - 1)];

@@ -64,6 +64,32 @@ struct GemmB {
   std::size_t depth = 0;
 };
 
+/// Sets a micro-tile's R x C accumulator vectors to zero.
+template <std::size_t R, std::size_t C, class V> HWY_INLINE void ZeroAccumulators(V (&acc)[R][C]) {
+  HWY_UNROLL(8)
+  for (std::size_t r = 0; r < R; ++r) {
+    HWY_UNROLL(8)
+    for (std::size_t c = 0; c < C; ++c) acc[r][c] = hn::Zero(hn::DFromV<V>());
+  }
+}
+
+/// One step of a micro-tile's depth loop: acc[r][v] += rows[r][ak] * (vector v at b), the
+/// outer product of one column of A with one row of B.
+template <std::size_t MR, std::size_t NV, class V>
+HWY_INLINE void MultiplyAddRank1(V (&acc)[MR][NV], const float* const (&rows)[MR], std::size_t ak,
+                                 const float* HWY_RESTRICT b) {
+  const hn::DFromV<V> d;
+  V bv[NV];
+  HWY_UNROLL(4)
+  for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, b + v * hn::Lanes(d));
+  HWY_UNROLL(8)
+  for (std::size_t r = 0; r < MR; ++r) {
+    const V av = hn::Set(d, rows[r][ak]);
+    HWY_UNROLL(4)
+    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+  }
+}
+
 /// c[0:m, 0:n] (+)= A_sliver · B_sliver over depth kc; B holds NR values per k. A is either
 /// packed (MR values per k) or, when kDirectA, read in place from m rows of stride lda, each
 /// contiguous in k; rows past m repeat the last one, so edge tiles never read outside A. Full
@@ -82,21 +108,9 @@ HWY_INLINE void MicroKernel(std::size_t kc, const float* HWY_RESTRICT a, std::si
   for (std::size_t r = 0; r < MR; ++r) rows[r] = a + (kDirectA ? std::min(r, m - 1) * lda : r);
   const std::size_t a_step = kDirectA ? 1 : MR;
   V acc[MR][NV];
-  HWY_UNROLL(8)
-  for (std::size_t r = 0; r < MR; ++r) {
-    HWY_UNROLL(4)
-    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
-  }
+  ZeroAccumulators(acc);
   for (std::size_t k = 0, ak = 0; k < kc; ++k, ak += a_step) {
-    V bv[NV];
-    HWY_UNROLL(4)
-    for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, b + v * lanes);
-    HWY_UNROLL(8)
-    for (std::size_t r = 0; r < MR; ++r) {
-      const V av = hn::Set(d, rows[r][ak]);
-      HWY_UNROLL(4)
-      for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
-    }
+    MultiplyAddRank1(acc, rows, ak, b);
     b += nr;
   }
   if (m == MR && n == nr) {

@@ -31,6 +31,9 @@ inline constexpr std::size_t max_nr = 64;
 /// transposing them into its GEMM operand (max_nr rows of them stay in L1).
 inline constexpr std::size_t conv_pixel_chunk = 128;
 
+/// Most float lanes of a SIMD vector on any target (AVX-512).
+inline constexpr std::size_t max_float_lanes = 16;
+
 /// The slice of args.workspace that belongs to the calling worker thread.
 inline float* ThreadScratch(const KernelArgs& args) {
   const int t = tbb::this_task_arena::current_thread_index();
@@ -163,11 +166,73 @@ inline ConvGeometry conv_geometry(Op op, const KernelArgs& args) {
   return g;
 }
 
+/// Most taps (input channels x kernel rows x kernel columns) of a weight gradient computed
+/// from shifted rows: its tiles hold one vector of sums per (output channel, tap).
+inline constexpr std::size_t shifted_rows_max_taps = 32;
+
+/// Most rows of A (output channels; input channels for the input gradient) of a forward or
+/// input-gradient GEMM over shifted rows. With more, the column matrix that im2col builds
+/// once serves so many rows that its aligned, packed loads win (gemm_conv_micro: 32 -> 64
+/// channels ran at 0.6-0.7x of im2col's speed over shifted rows, 6 -> 16 at 1.5-2x).
+inline constexpr std::size_t shifted_rows_max_rows = 16;
+
+/// Whether an NCHW convolution kernel reads shifted rows of the zero-padded image
+/// (conv_shifted_rows-inl.hpp) instead of building a column matrix: at stride 1 a tap's
+/// column-matrix row is a window of the padded image, so the GEMM can read it there. 1x1
+/// convolutions read the image as it is anyway.
+inline bool conv_reads_shifted_rows(Op op, const ConvGeometry& g) {
+  if (g.channels_last || g.stride_h != 1 || g.stride_w != 1 || g.pointwise()) return false;
+  if (op == Op::Conv2dGradWeight) return g.ckk() <= shifted_rows_max_taps;
+  if (op == Op::Conv2d) return g.o <= shifted_rows_max_rows;
+  // The input gradient pads dy by kernel - 1 - padding.
+  return g.c <= shifted_rows_max_rows && g.pad_h < g.kh && g.pad_w < g.kw;
+}
+
+/// The zero-padded image a shifted-rows convolution reads (x, or dy for the input gradient)
+/// and its output in "wide" rows: output pixel (i, j) sits at column i * width + j, so that a
+/// tap at kernel row r and column s reads its plane at q + r * width + s for every output
+/// column q. The width - out_w columns past each row's end are computed and dropped (for the
+/// weight gradient, dy is zero there).
+struct ShiftedRows {
+  std::size_t planes = 0, in_h = 0, in_w = 0; ///< the image before padding
+  std::size_t top = 0, left = 0;              ///< zero rows above it, zero columns left of it
+  std::size_t width = 0;                      ///< padded row length, in_w + 2 left
+  std::size_t plane = 0; ///< floats per padded plane, with zero slack for the last tiles
+  std::size_t out_h = 0, out_w = 0, columns = 0; ///< output rows, their length; out_h * width
+  std::size_t taps = 0;                          ///< planes x kernel rows x kernel columns
+  /// Floats of one wide output row, rounded up to whole tiles of any target.
+  [[nodiscard]] std::size_t row_floats() const {
+    return round_up_floats(columns + gemm_blocking::max_nr);
+  }
+};
+
+inline ShiftedRows shifted_rows(Op op, const ConvGeometry& g) {
+  ShiftedRows s;
+  const bool input_gradient = op == Op::Conv2dGradInput;
+  s.planes = input_gradient ? g.o : g.c;
+  s.in_h = input_gradient ? g.oh : g.h;
+  s.in_w = input_gradient ? g.ow : g.w;
+  s.top = input_gradient ? g.kh - 1 - g.pad_h : g.pad_h;
+  s.left = input_gradient ? g.kw - 1 - g.pad_w : g.pad_w;
+  s.width = s.in_w + 2 * s.left;
+  s.out_h = input_gradient ? g.h : g.oh;
+  s.out_w = input_gradient ? g.w : g.ow;
+  s.columns = s.out_h * s.width;
+  s.taps = s.planes * g.kh * g.kw;
+  // A tile starting below `columns` reads up to max_nr columns on, kh - 1 rows and kw - 1
+  // columns further down.
+  s.plane = round_up_floats((s.in_h + 2 * s.top) * s.width + gemm_blocking::max_nr + g.kw);
+  return s;
+}
+
 /// Per-thread scratch of the convolution kernels, in floats from the slice start.
-/// col: the image's column matrix (pre-packed GEMM operand, or GEMM output for grad-input);
-/// rows: a block of plain column-matrix rows, partial: this thread's dW (grad-weight only).
+/// col: the image's column matrix (pre-packed GEMM operand, or GEMM output for grad-input), or
+/// the padded image of a shifted-rows kernel; rows: a block of plain column-matrix rows, or
+/// the wide output (dy for grad-weight) of a shifted-rows kernel; partial: this thread's dW
+/// (grad-weight only; a shifted-rows kernel keeps one vector of sums per element); offsets:
+/// where each tap of a shifted-rows kernel reads its operands.
 struct ConvLayout {
-  std::size_t col = 0, pack_a = 0, pack_b = 0, rows = 0, partial = 0, total = 0;
+  std::size_t col = 0, pack_a = 0, pack_b = 0, rows = 0, partial = 0, offsets = 0, total = 0;
 };
 
 /// The zero border a channels-last kernel puts around the image it reads: the convolution's
@@ -205,7 +270,15 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
     l.total = at;
     return l;
   }
-  if (op == Op::Conv2d) {
+  if (conv_reads_shifted_rows(op, g)) {
+    // col: the padded image; rows: the wide output rows (dy's, for the weight gradient);
+    // offsets: where each tap reads A and B (two size_t per tap).
+    const ShiftedRows s = shifted_rows(op, g);
+    l.col = take(s.planes * s.plane);
+    l.rows = take((op == Op::Conv2dGradInput ? g.c : g.o) * s.row_floats());
+    l.offsets = take(2 * s.taps * sizeof(std::size_t) / sizeof(float));
+    if (op == Op::Conv2dGradWeight) l.partial = take(g.o * ckk * max_float_lanes);
+  } else if (op == Op::Conv2d) {
     // y = W · col: col is B (K = ckk, N = pixels), packed while it is built; W is read in place.
     l.col = take(gemm_prepacked_b_floats(p, ckk));
   } else if (op == Op::Conv2dGradInput) {
