@@ -31,6 +31,14 @@ inline int epilogue_operand_overwritable(const Attrs& attrs) {
   return a && !a->epilogue.empty() ? anchor_arity : -1;
 }
 
+/// Multiply-adds of a convolution or either gradient, times two: every element of y (dy) meets
+/// C x KH x KW weights, all of w's elements but one output channel's worth.
+inline std::int64_t conv_flops(const CostContext& c, const Shape& y, const Shape& w) {
+  const std::int64_t out_channels = std::get<Conv2dAttrs>(c.attrs).channels_last ? y[3] : y[1];
+  if (out_channels == 0) return 0;
+  return 2 * y.numel() * (w.numel() / out_channels) + epilogue_flops(c);
+}
+
 inline void check_channels_last_width(const InferContext& c, const Conv2dAttrs& a,
                                       std::int64_t channels) {
   if (a.channels_last && channels % channels_last_multiple != 0)
@@ -65,6 +73,7 @@ inline Shape oihw_of_backward_weight(const Shape& w, bool channels_last) {
 template <> struct OpDef<Op::Conv2d> : OpDefaults {
   static constexpr int arity = -1; // 2, plus its epilogue's inputs
   static constexpr FusionKind kind = FusionKind::anchor;
+  static std::int64_t flops(const CostContext& c) { return detail::conv_flops(c, c.out, c.in[1]); }
   static TensorType infer(const InferContext& c) {
     const auto& a = c.attr<Conv2dAttrs>();
     detail::check_anchor_arity(c, a.epilogue);
@@ -106,6 +115,9 @@ template <> struct OpDef<Op::Conv2d> : OpDefaults {
 template <> struct OpDef<Op::Conv2dGradInput> : OpDefaults {
   static constexpr int arity = -1; // 2, plus its epilogue's inputs
   static constexpr FusionKind kind = FusionKind::anchor;
+  static std::int64_t flops(const CostContext& c) {
+    return detail::conv_flops(c, c.in[0], c.in[1]);
+  }
   static TensorType infer(const InferContext& c) {
     const auto& a = c.attr<Conv2dAttrs>();
     detail::check_anchor_arity(c, a.epilogue);
@@ -133,6 +145,7 @@ template <> struct OpDef<Op::Conv2dGradInput> : OpDefaults {
 template <> struct OpDef<Op::Conv2dGradWeight> : OpDefaults {
   static constexpr int arity = -1; // 2, plus its epilogue's inputs
   static constexpr FusionKind kind = FusionKind::anchor;
+  static std::int64_t flops(const CostContext& c) { return detail::conv_flops(c, c.in[1], c.out); }
   static TensorType infer(const InferContext& c) {
     const auto& a = c.attr<Conv2dAttrs>();
     detail::check_anchor_arity(c, a.epilogue);

@@ -13,6 +13,9 @@ namespace kiln {
 template <> struct OpDef<Op::FusedElementwise> : OpDefaults {
   static constexpr int arity = -1; // variadic: 1..KernelArgs::max_inputs
   static constexpr FusionKind kind = FusionKind::elementwise;
+  static std::int64_t flops(const CostContext& c) {
+    return static_cast<std::int64_t>(std::get<FusedAttrs>(c.attrs).program.size()) * c.out.numel();
+  }
   static TensorType infer(const InferContext& c) {
     const auto& a = c.attr<FusedAttrs>();
     if (c.arity() < 1 || c.arity() > KernelArgs::max_inputs)

@@ -22,6 +22,8 @@ inline void check_logits_and_labels(const InferContext& c) {
 template <> struct OpDef<Op::LogSoftmax> : OpDefaults {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::reduction;
+  /// exp, sum, log and subtract per logit.
+  static std::int64_t flops(const CostContext& c) { return 4 * c.in[0].numel(); }
   static TensorType infer(const InferContext& c) {
     c.expect_dtype(0, DType::f32);
     if (c.in(0).shape.rank() < 1) c.fail(errc::shape, "log_softmax needs at least one dimension");
@@ -42,6 +44,8 @@ template <> struct OpDef<Op::LogSoftmaxGrad> : OpDefaults {
 template <> struct OpDef<Op::SoftmaxCrossEntropy> : OpDefaults {
   static constexpr int arity = 2;
   static constexpr FusionKind kind = FusionKind::reduction;
+  /// exp, sum, log and subtract per logit.
+  static std::int64_t flops(const CostContext& c) { return 4 * c.in[0].numel(); }
   static TensorType infer(const InferContext& c) {
     detail::check_logits_and_labels(c);
     return TensorType{Shape{}, DType::f32};
@@ -64,6 +68,8 @@ template <> struct OpDef<Op::SoftmaxCrossEntropyGrad> : OpDefaults {
 template <> struct OpDef<Op::SoftmaxCrossEntropyWithGrad> : OpDefaults {
   static constexpr int arity = 3;
   static constexpr FusionKind kind = FusionKind::reduction;
+  /// exp, sum, log and subtract per logit.
+  static std::int64_t flops(const CostContext& c) { return 4 * c.in[0].numel(); }
   static TensorType infer(const InferContext& c) {
     detail::check_logits_and_labels(c);
     if (c.in(2).shape.numel() != 1) c.fail(errc::shape, "the loss gradient must be one value");

@@ -11,6 +11,10 @@ template <> struct OpDef<Op::MatMul> : OpDefaults {
   static constexpr int arity = -1; // 2, plus its epilogue's inputs
 
   static constexpr FusionKind kind = FusionKind::anchor;
+  static std::int64_t flops(const CostContext& c) {
+    const std::int64_t k = std::get<MatMulAttrs>(c.attrs).transpose_a ? c.in[0][0] : c.in[0][1];
+    return 2 * c.out.numel() * k + epilogue_flops(c);
+  }
   static TensorType infer(const InferContext& c) {
     const auto& a = c.attr<MatMulAttrs>();
     detail::check_anchor_arity(c, a.epilogue);

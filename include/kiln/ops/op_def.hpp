@@ -2,6 +2,8 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,8 +80,23 @@ struct GradContext {
   template <class A> [[nodiscard]] const A& attr() const { return std::get<A>(node.attrs); }
 };
 
+/// What an op's FLOP count sees: the shapes and attributes of one call, as a plan step holds
+/// them (physical shapes: a channels-last tensor is [N, H, W, C]).
+struct CostContext {
+  std::span<const Shape> in;
+  const Shape& out;
+  const Attrs& attrs;
+};
+
 using InferFn = TensorType (*)(const InferContext&);
 using GradFn = void (*)(GradContext&);
+using FlopsFn = std::int64_t (*)(const CostContext&);
+
+/// Floating-point operations of an anchor's fused epilogue: one per program step and element.
+inline std::int64_t epilogue_flops(const CostContext& c) {
+  const Epilogue* e = epilogue_of(c.attrs);
+  return e ? static_cast<std::int64_t>(e->program.size()) * c.out.numel() : 0;
+}
 
 /// One op's definition. Each op specialises this once (ops/*.hpp) with:
 ///   static constexpr int arity;            number of inputs
@@ -88,6 +105,7 @@ using GradFn = void (*)(GradContext&);
 ///   static TensorType infer(const InferContext&);
 ///   static void grad(GradContext&);        or `static constexpr GradFn grad = nullptr;`
 ///   static int overwritable_input(const Attrs&);  optional, see OpDefaults
+///   static std::int64_t flops(const CostContext&); optional, see OpDefaults
 /// Elementwise ops also provide the arithmetic, once, over a math policy M (scalar or SIMD):
 ///   template <class M> static typename M::V apply(const M&, V a, V b, V scalar);
 template <Op op> struct OpDef;
@@ -101,6 +119,9 @@ struct OpDefaults {
   /// writes the output elements at the same place), or -1. Elementwise ops may always take
   /// over any input of their own type.
   static int overwritable_input(const Attrs&) { return -1; }
+  /// Floating-point operations of one call, what the profiler divides by time: by default
+  /// one per output element, right for elementwise ops.
+  static std::int64_t flops(const CostContext& c) { return c.out.numel(); }
 };
 
 } // namespace kiln

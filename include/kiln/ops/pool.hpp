@@ -44,6 +44,10 @@ inline Pool2dAttrs pool_attrs(Value x, Pool2dOptions o) {
 template <> struct OpDef<Op::MaxPool2d> : OpDefaults {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::reduction;
+  static std::int64_t flops(const CostContext& c) {
+    const int k = std::get<Pool2dAttrs>(c.attrs).kernel;
+    return c.out.numel() * k * k;
+  }
   static TensorType infer(const InferContext& c) { return detail::infer_pool(c); }
   static void grad(GradContext& c) {
     c.dx[0] = max_pool2d_grad(c.in(0), c.dy, c.attr<Pool2dAttrs>());
@@ -77,6 +81,10 @@ template <> struct OpDef<Op::MaxPool2dGrad> : OpDefaults {
 template <> struct OpDef<Op::AvgPool2d> : OpDefaults {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::reduction;
+  static std::int64_t flops(const CostContext& c) {
+    const int k = std::get<Pool2dAttrs>(c.attrs).kernel;
+    return c.out.numel() * k * k;
+  }
   static TensorType infer(const InferContext& c) {
     detail::expect_nchw(c);
     return detail::infer_pool(c);

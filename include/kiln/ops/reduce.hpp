@@ -11,6 +11,7 @@ namespace kiln {
 template <> struct OpDef<Op::SumTo> : OpDefaults {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::reduction;
+  static std::int64_t flops(const CostContext& c) { return c.in[0].numel(); }
   static TensorType infer(const InferContext& c) {
     c.expect_dtype(0, DType::f32);
     const Shape& to = c.attr<ShapeAttrs>().shape;

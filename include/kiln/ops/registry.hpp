@@ -26,13 +26,15 @@ struct OpInfo {
   InferFn infer = nullptr;
   GradFn grad = nullptr; ///< nullptr: not differentiable
   int (*overwritable_input)(const Attrs&) = nullptr;
+  FlopsFn flops = nullptr;
 };
 
 namespace detail {
 template <Op op> constexpr OpInfo make_op_info() {
   using D = OpDef<op>;
   return OpInfo{op_name(op),       D::arity,  D::kind, D::is_view,
-                D::is_elementwise, &D::infer, D::grad, &D::overwritable_input};
+                D::is_elementwise, &D::infer, D::grad, &D::overwritable_input,
+                &D::flops};
 }
 } // namespace detail
 

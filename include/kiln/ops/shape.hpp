@@ -12,6 +12,8 @@
 namespace kiln {
 
 template <> struct OpDef<Op::Reshape> : OpDefaults {
+  /// Moves data, computes nothing.
+  static std::int64_t flops(const CostContext&) { return 0; }
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::injective;
   static constexpr bool is_view = true;
@@ -27,6 +29,8 @@ template <> struct OpDef<Op::Reshape> : OpDefaults {
 /// part(x, offset, shape): the elements [offset, offset + numel(shape)) of x's memory seen as
 /// `shape`. Made by passes to name the results a multi-result kernel writes side by side.
 template <> struct OpDef<Op::Part> : OpDefaults {
+  /// Moves data, computes nothing.
+  static std::int64_t flops(const CostContext&) { return 0; }
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::injective;
   static constexpr bool is_view = true;
@@ -53,6 +57,8 @@ inline std::vector<int> inverse_perm(const std::vector<int>& perm) {
 /// transpose(x, perm): output dimension i is input dimension perm[i] (numpy.transpose). Not
 /// a view: the CPU kernel writes the permuted elements into a new buffer. Any dtype.
 template <> struct OpDef<Op::Transpose> : OpDefaults {
+  /// Moves data, computes nothing.
+  static std::int64_t flops(const CostContext&) { return 0; }
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::injective;
   static TensorType infer(const InferContext& c) {

@@ -9,6 +9,8 @@ namespace kiln {
 struct SourceOp : OpDefaults {
   static constexpr int arity = 0;
   static constexpr FusionKind kind = FusionKind::opaque;
+  /// Moves data, computes nothing.
+  static std::int64_t flops(const CostContext&) { return 0; }
   static constexpr GradFn grad = nullptr;
 };
 
@@ -37,6 +39,8 @@ template <> struct OpDef<Op::Fill> : SourceOp {
 template <> struct OpDef<Op::Assign> : OpDefaults {
   static constexpr int arity = 2;
   static constexpr FusionKind kind = FusionKind::opaque;
+  /// Moves data, computes nothing.
+  static std::int64_t flops(const CostContext&) { return 0; }
   static TensorType infer(const InferContext& c) {
     if (c.graph.node(c.inputs[0]).op != Op::Param)
       c.fail(errc::graph, "assign target must be a param");

@@ -145,6 +145,7 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
   Plan plan;
   plan.backend = backend.name;
   plan.target = backend.target ? backend.target() : "";
+  plan.peak_gflops = backend.peak_gflops;
   plan.threads = options.threads > 0 ? options.threads : tbb::info::default_concurrency();
   const auto n = static_cast<std::size_t>(g.size());
 

@@ -64,6 +64,9 @@ struct Plan {
   int threads = 1;
   std::string backend;
   std::string target;
+  /// The backend's FP32 multiply-add peak on this many threads, measured when called
+  /// (Backend::peak_gflops); null when the backend cannot measure it.
+  double (*peak_gflops)(int threads) = nullptr;
 };
 
 } // namespace kiln

@@ -18,6 +18,9 @@ struct Backend {
   std::size_t (*workspace_per_thread)(Op op, const KernelArgs& shapes) = nullptr;
   /// The SIMD target the kernels were chosen for, e.g. "AVX3".
   const char* (*target)() = nullptr;
+  /// Measures the FP32 multiply-add peak of `threads` threads working at once, in GFLOP/s
+  /// (a fraction of a second); the profiler's yardstick. May be null.
+  double (*peak_gflops)(int threads) = nullptr;
 };
 
 } // namespace kiln

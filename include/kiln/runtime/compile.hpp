@@ -10,6 +10,7 @@
 #include "kiln/passes/pipeline.hpp"
 #include "kiln/plan/lower.hpp"
 #include "kiln/runtime/executor.hpp"
+#include "kiln/runtime/profiler.hpp"
 
 namespace kiln {
 
@@ -17,7 +18,8 @@ namespace kiln {
 struct CompileOptions {
   /// Worker threads; 0 = every core.
   int threads = 0;
-  /// Record the time of every step (read with Executor::step_times).
+  /// Record the time of every step (read with Executor::step_times, or profile_steps and
+  /// print_profile in runtime/profiler.hpp).
   bool profile = false;
   /// Optimisations to switch off by name: any pass of default_pipeline ("dce",
   /// "fuse_elementwise", ...) or a lowering switch ("plan_memory", "inplace").

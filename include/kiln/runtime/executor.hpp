@@ -75,6 +75,7 @@ public:
           step_seconds_[i] +=
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         }
+        ++profiled_runs_;
       } else {
         for (std::size_t i = 0; i < args_.size(); ++i) {
           args_[i].run_counter = runs_;
@@ -104,6 +105,8 @@ public:
 
   /// Turns per-step timing on or off (off by default: timing costs a clock read per step).
   void set_profiling(bool on) { profiling_ = on; }
+  /// Runs made with profiling on: what step_times() sums over.
+  [[nodiscard]] std::uint64_t profiled_runs() const { return profiled_runs_; }
   [[nodiscard]] std::vector<StepTime> step_times() const {
     std::vector<StepTime> t;
     for (std::size_t i = 0; i < plan_.steps.size(); ++i)
@@ -147,6 +150,7 @@ private:
   std::vector<KernelArgs> args_;
   std::vector<double> step_seconds_;
   std::uint64_t runs_ = 0;
+  std::uint64_t profiled_runs_ = 0;
   bool profiling_ = false;
 };
 

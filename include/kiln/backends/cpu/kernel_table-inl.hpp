@@ -14,6 +14,7 @@
 #include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/gemm-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/peak-inl.hpp"
 #include "kiln/backends/cpu/pool-inl.hpp"
 #include "kiln/backends/cpu/reduce-inl.hpp"
 #include "kiln/backends/cpu/softmax-inl.hpp"
@@ -34,6 +35,7 @@ inline const KernelTable* GetKernelTable() {
     RegisterPoolKernels(t);
     RegisterSoftmaxKernels(t);
     RegisterTransposeKernels(t);
+    RegisterPeakMeasurement(t);
     return t;
   }();
   return &table;

@@ -13,6 +13,8 @@ namespace kiln::cpu {
 struct KernelTable {
   std::array<KernelFn, op_count> run{};
   const char* target_name = "";
+  /// GFLOP/s of multiply-adds the calling thread sustains for about `seconds`.
+  double (*fma_gflops)(double seconds) = nullptr;
 };
 
 /// The kernel table for the best target this CPU supports (Highway dynamic dispatch).

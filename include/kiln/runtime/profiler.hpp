@@ -1,0 +1,142 @@
+// Profiler: every plan step's time per run, FLOPs and bytes, and the GFLOP/s and GB/s it
+// achieved against the machine's peak.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kiln/ops/registry.hpp"
+#include "kiln/runtime/executor.hpp"
+
+namespace kiln {
+
+/// The yardsticks of a profile, measured on this machine.
+struct MachinePeak {
+  int threads = 1;
+  double gflops = 0.0;       ///< FP32 multiply-add peak of `threads` threads; 0 if unknown
+  double gbytes_per_s = 0.0; ///< bytes read plus written per second by a large copy
+};
+
+namespace detail {
+/// Bytes read plus written per second by `threads` threads each copying its own part of a
+/// 64 MiB buffer, far larger than the caches: the best of three passes.
+inline double copy_bandwidth(int threads) {
+  const int n = std::max(1, threads);
+  const std::size_t bytes = std::size_t{64} << 20, part = bytes / static_cast<std::size_t>(n);
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  double best = 0.0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> workers;
+    for (int t = 0; t < n; ++t) {
+      const std::size_t at = static_cast<std::size_t>(t) * part;
+      workers.emplace_back([&, at] { std::memcpy(to.data() + at, from.data() + at, part); });
+    }
+    for (std::thread& w : workers) w.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * static_cast<double>(part * static_cast<std::size_t>(n)) / s);
+  }
+  return best * 1e-9;
+}
+} // namespace detail
+
+/// The peak of the plan's backend on its thread count: measured on first use (about a
+/// quarter of a second), then remembered for the rest of the process. Call it before
+/// training to keep the measurement out of the timed steps.
+inline MachinePeak machine_peak(const Plan& plan) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, double (*)(int)>, MachinePeak> measured;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(plan.threads, plan.peak_gflops);
+  if (auto it = measured.find(key); it != measured.end()) return it->second;
+  MachinePeak p;
+  p.threads = plan.threads;
+  p.gflops = plan.peak_gflops ? plan.peak_gflops(plan.threads) : 0.0;
+  p.gbytes_per_s = detail::copy_bandwidth(plan.threads);
+  return measured[key] = p;
+}
+
+/// One plan step, averaged over the executor's profiled runs.
+struct StepProfile {
+  ValueId node = -1;
+  Op op = Op::Input;
+  Shape shape;          ///< of the output
+  double seconds = 0.0; ///< per run
+  double flops = 0.0;   ///< per run, from the op's definition (OpDef::flops)
+  double bytes = 0.0;   ///< per run: every input read once, the output written once
+  [[nodiscard]] double gflops() const { return seconds > 0 ? flops / seconds * 1e-9 : 0.0; }
+  [[nodiscard]] double gbytes_per_s() const { return seconds > 0 ? bytes / seconds * 1e-9 : 0.0; }
+};
+
+/// Floating-point operations of one plan step.
+inline double step_flops(const PlanStep& s) {
+  std::array<Shape, max_op_inputs> shapes{};
+  for (int i = 0; i < s.num_inputs; ++i)
+    shapes[static_cast<std::size_t>(i)] = s.inputs[static_cast<std::size_t>(i)].shape;
+  const CostContext c{std::span<const Shape>(shapes.data(), static_cast<std::size_t>(s.num_inputs)),
+                      s.output.shape, s.attrs};
+  return static_cast<double>(op_info(s.op).flops(c));
+}
+
+/// Bytes a plan step must at least move: each input read once, the output written once.
+inline double step_bytes(const PlanStep& s) {
+  const auto size = [](const BufferRef& b) {
+    return static_cast<double>(b.shape.numel()) * static_cast<double>(dtype_size(b.dtype));
+  };
+  double total = size(s.output);
+  for (int i = 0; i < s.num_inputs; ++i) total += size(s.inputs[static_cast<std::size_t>(i)]);
+  return total;
+}
+
+/// Every step of the executor's plan with its time per profiled run (zero before the first
+/// run with profiling on; see CompileOptions::profile).
+inline std::vector<StepProfile> profile_steps(const Executor& exe) {
+  const std::vector<StepTime> times = exe.step_times();
+  const double runs = static_cast<double>(std::max<std::uint64_t>(1, exe.profiled_runs()));
+  std::vector<StepProfile> steps;
+  for (std::size_t i = 0; i < times.size(); ++i) {
+    const PlanStep& s = exe.plan().steps[i];
+    steps.push_back(
+        {s.node, s.op, s.output.shape, times[i].seconds / runs, step_flops(s), step_bytes(s)});
+  }
+  return steps;
+}
+
+/// Prints the `top` steps that took the most time: milliseconds per run, share of the step
+/// total, achieved GFLOP/s and GB/s, and those as a share of `peak` (GB/s above 100% of the
+/// copy bandwidth means the step's data came from the caches).
+inline void print_profile(std::FILE* out, const Executor& exe, const MachinePeak& peak,
+                          std::size_t top = 12) {
+  std::vector<StepProfile> steps = profile_steps(exe);
+  double total = 0.0;
+  for (const StepProfile& s : steps) total += s.seconds;
+  std::sort(steps.begin(), steps.end(),
+            [](const StepProfile& a, const StepProfile& b) { return a.seconds > b.seconds; });
+  std::fprintf(out,
+               "peak on %d threads, measured at start-up: %.0f GFLOP/s (FP32 FMA), %.1f GB/s "
+               "(copy)\n",
+               peak.threads, peak.gflops, peak.gbytes_per_s);
+  std::fprintf(out, "top kernels of %zu, %.3f ms per run in all:\n", steps.size(), 1000.0 * total);
+  std::fprintf(out, "  %5s %-28s %-16s %8s %6s %8s %6s %7s %6s\n", "node", "op", "output", "ms",
+               "time", "GFLOP/s", "peak", "GB/s", "copy");
+  const auto share = [](double part, double whole) {
+    return whole > 0 ? 100.0 * part / whole : 0.0;
+  };
+  for (std::size_t i = 0; i < std::min(top, steps.size()); ++i) {
+    const StepProfile& s = steps[i];
+    std::fprintf(out, "  %%%-4d %-28s %-16s %8.3f %5.1f%% %8.1f %5.1f%% %7.1f %5.1f%%\n",
+                 static_cast<int>(s.node), std::string(op_name(s.op)).c_str(),
+                 s.shape.str().c_str(), 1000.0 * s.seconds, share(s.seconds, total), s.gflops(),
+                 share(s.gflops(), peak.gflops), s.gbytes_per_s(),
+                 share(s.gbytes_per_s(), peak.gbytes_per_s));
+  }
+}
+
+} // namespace kiln
