@@ -71,12 +71,12 @@ void bench(const char* name, kiln::Op op, std::vector<Input> inputs, kiln::Shape
 /// A k x k stride-1 convolution, NCHW or, when `channels_last`, the layout pass's NHWC form
 /// with its pre-packed weight.
 struct ConvCase {
-  std::int64_t c, hw, o, k = 3, pad = 0;
+  std::int64_t c, hw, o, k = 3, pad = 0, batch = 64;
   bool channels_last = false;
 };
 
 void bench_conv(const char* name, kiln::Op op, const ConvCase& s, int repeats) {
-  const std::int64_t n = 64, c = s.c, hw = s.hw, o = s.o, k = s.k;
+  const std::int64_t n = s.batch, c = s.c, hw = s.hw, o = s.o, k = s.k;
   const std::int64_t ohw = hw + 2 * s.pad - k + 1;
   const bool channels_last = s.channels_last;
   const kiln::Shape x = channels_last ? kiln::Shape{n, hw, hw, c} : kiln::Shape{n, c, hw, hw};

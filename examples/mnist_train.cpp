@@ -1,8 +1,9 @@
-// mnist_train: trains the classic MNIST CNN with kiln on real digits and reports accuracy.
+// mnist_train: trains the classic MNIST CNN (or another of kiln::nn::models) with kiln on real
+// digits and reports accuracy.
 //
-//   mnist_train [--data DIR] [--epochs N] [--batch N] [--lr X] [--lr-decay X] [--momentum X]
-//               [--threads N] [--seed N] [--smoke] [--profile] [--json FILE] [--explain-fusion]
-//               [--dot FILE]
+//   mnist_train [--data DIR] [--model NAME] [--epochs N] [--batch N] [--lr X] [--lr-decay X]
+//               [--momentum X] [--threads N] [--seed N] [--smoke] [--profile] [--json FILE]
+//               [--explain-fusion] [--dot FILE]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,6 +24,7 @@ namespace {
 
 struct Options {
   std::string data = KILN_MNIST_DIR;
+  std::string model = "mnist_cnn";
   int epochs = 3;
   int batch = 64;
   float lr = 0.01f;
@@ -38,12 +40,13 @@ struct Options {
 };
 
 constexpr const char* usage =
-    "usage: mnist_train [--data DIR] [--epochs N] [--batch N] [--lr X] [--lr-decay X]\n"
-    "                   [--momentum X] [--threads N] [--seed N] [--smoke] [--profile]\n"
-    "                   [--json FILE] [--explain-fusion] [--dot FILE]\n"
+    "usage: mnist_train [--data DIR] [--model NAME] [--epochs N] [--batch N] [--lr X]\n"
+    "                   [--lr-decay X] [--momentum X] [--threads N] [--seed N] [--smoke]\n"
+    "                   [--profile] [--json FILE] [--explain-fusion] [--dot FILE]\n"
     "  --data DIR   MNIST-format IDX files, plain or .gz (default: " KILN_MNIST_DIR ",\n"
     "               fetched by scripts/fetch_mnist.sh; Fashion-MNIST: "
     "/usr/share/datasets/fashion-mnist)\n"
+    "  --model NAME mnist_cnn (default), lenet5 or small_resnet (kiln::nn::models)\n"
     "  --lr X       SGD learning rate of the first epoch (default 0.01), momentum 0.9\n"
     "  --lr-decay X the learning rate is multiplied by X after every epoch (default 0.7, as\n"
     "               PyTorch's MNIST example's StepLR; 1 keeps it constant)\n"
@@ -66,6 +69,8 @@ Options parse(int argc, char** argv) {
     try {
       if (a == "--data")
         o.data = number(i, "--data");
+      else if (a == "--model")
+        o.model = number(i, "--model");
       else if (a == "--epochs")
         o.epochs = std::stoi(number(i, "--epochs"));
       else if (a == "--batch")
@@ -103,6 +108,15 @@ Options parse(int argc, char** argv) {
     kiln::fail(kiln::errc::argument,
                "--epochs and --batch must be >= 1, --threads >= 0, --lr and --lr-decay > 0");
   return o;
+}
+
+/// The network called `name` among kiln::nn::models.
+kiln::nn::Sequential make_model(const std::string& name) {
+  if (name == "mnist_cnn") return kiln::nn::models::mnist_cnn();
+  if (name == "lenet5") return kiln::nn::models::lenet5();
+  if (name == "small_resnet") return kiln::nn::models::small_resnet();
+  kiln::fail(kiln::errc::argument,
+             "unknown model '" + name + "' (mnist_cnn, lenet5 or small_resnet)");
 }
 
 /// Test accuracy in percent, evaluated in batches of `batch` (the last one zero-padded).
@@ -143,7 +157,7 @@ int run(const Options& o) {
               o.data.c_str());
 
   kiln::nn::manual_seed(o.seed);
-  kiln::nn::Sequential net = kiln::nn::models::mnist_cnn();
+  kiln::nn::Sequential net = make_model(o.model);
 
   kiln::Graph train_graph;
   const auto x = train_graph.input("x", {o.batch, 1, train.height, train.width});
@@ -246,11 +260,11 @@ int run(const Options& o) {
   if (o.profile) kiln::print_profile(stdout, step, peak);
   if (!o.json.empty()) {
     std::ofstream out(o.json);
-    out << "{\"test_accuracy\": " << accuracy / 100.0 << ", \"final_loss\": " << final_loss
-        << ", \"epochs\": " << epochs << ", \"images_per_s\": " << images_per_s
-        << ", \"ms_per_step\": " << ms_per_step << ", \"batch\": " << o.batch
-        << ", \"threads\": " << plan.threads << ", \"target\": \"" << plan.target
-        << "\", \"seed\": " << o.seed << ", \"steps\": " << total_steps << "}\n";
+    out << "{\"model\": \"" << o.model << "\", \"test_accuracy\": " << accuracy / 100.0
+        << ", \"final_loss\": " << final_loss << ", \"epochs\": " << epochs
+        << ", \"images_per_s\": " << images_per_s << ", \"ms_per_step\": " << ms_per_step
+        << ", \"batch\": " << o.batch << ", \"threads\": " << plan.threads << ", \"target\": \""
+        << plan.target << "\", \"seed\": " << o.seed << ", \"steps\": " << total_steps << "}\n";
     if (!out) kiln::fail(kiln::errc::io, "cannot write " + o.json);
   }
   if (o.smoke) {
