@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kiln/backends/cpu/broadcast_loop.hpp"
 #include "kiln/kiln.hpp"
 #include "kiln/ops/scalar_math.hpp"
 #include "target_loop.hpp"
@@ -66,6 +67,10 @@ TEST_CASE("elementwise kernels match the scalar reference on every target") {
       {{5, 6}, {5, 1}, {1, 6}},                   // outer product shape
       {{1}, {1}, {1}},                            // one element
       {{2, 64, 13}, {1}, {2, 64, 13}},            // scalar on the left
+      // Per-channel operands over channels-last tensors: rows of C elements are merged into
+      // long ones, the channel row repeated (BroadcastLoop::widen).
+      {{6, 5, 7, 16}, {6, 5, 7, 16}, {16}},
+      {{4, 9, 11, 3}, {1, 1, 1, 3}, {4, 9, 11, 3}},
   };
   int ops_checked = 0;
   kiln::test::for_each_target([&](const kiln::cpu::KernelTable& table) {
@@ -140,4 +145,28 @@ TEST_CASE("fill, assign and dropout_mask kernels on every target") {
     if (first_mask.empty()) first_mask = mask;
     CHECK(mask == first_mask); // a pure function of (seed, run, index) on every target
   });
+}
+
+TEST_CASE("broadcast loop: rows of a channels-last tensor with a per-channel operand merge") {
+  std::uint32_t periodic = 0;
+  const Shape bias_right[] = {{6, 5, 7, 16}, {16}};
+  kiln::cpu::BroadcastLoop loop({6, 5, 7, 16}, bias_right);
+  // 210 rows of 16: the largest factor of 210 with at most 1024 elements is 42.
+  CHECK(loop.widen(1024, 0, 4, periodic) == 42);
+  CHECK(loop.inner == 672);
+  CHECK(loop.rows == 5);
+  CHECK(periodic == 2u);
+  std::int64_t offsets[2];
+  loop.row_offsets(3, offsets);
+  CHECK(offsets[0] == 3 * 672);
+  CHECK(offsets[1] == 0);
+
+  // A forbidden operand, or one whose value changes from row to row, keeps the rows.
+  kiln::cpu::BroadcastLoop kept({6, 5, 7, 16}, bias_right);
+  CHECK(kept.widen(1024, 2u, 4, periodic) == 1);
+  CHECK(kept.inner == 16);
+  const Shape per_row[] = {{3, 50, 8}, {3, 1, 8}};
+  kiln::cpu::BroadcastLoop rows({3, 50, 8}, per_row);
+  CHECK(rows.widen(1024, 0, 4, periodic) == 1);
+  CHECK(periodic == 0u);
 }

@@ -59,6 +59,43 @@ public:
     for (int j = 1; j < dims_; ++j) rows *= extent_[uz(j)];
   }
 
+  /// Merges consecutive rows into one of at most `max_inner` elements, so that short rows (a
+  /// channels-last tensor with a per-channel operand: rows of C elements) cost one call per
+  /// max_inner elements instead of one per row. Possible when every operand either walks the
+  /// merged rows contiguously, or holds one value per row that stays the same across them, or
+  /// is "periodic": one row of values shared by every row (its offsets are always 0). The
+  /// caller reads a periodic operand from a buffer that holds its row `factor` times. Operands
+  /// whose bit is set in `no_periodic` may not be periodic, nor may more than `max_periodic`.
+  /// Returns the factor (1: nothing changed) and sets the periodic operands' bits in `periodic`.
+  std::int64_t widen(std::int64_t max_inner, std::uint32_t no_periodic, int max_periodic,
+                     std::uint32_t& periodic) {
+    periodic = 0;
+    if (dims_ < 2 || 2 * inner > max_inner) return 1;
+    int count = 0;
+    for (int k = 0; k < inputs_; ++k) {
+      const auto& s = strides_[uz(k)];
+      if (s[0] != 0 && s[1] == s[0] * inner) continue; // contiguous across rows
+      if (s[0] == 0 && s[1] == 0) continue;            // one value, the same for merged rows
+      bool shared_row = s[0] != 0 && !(no_periodic >> k & 1u);
+      for (int j = 1; shared_row && j < dims_; ++j) shared_row = s[uz(j)] == 0;
+      if (!shared_row || ++count > max_periodic) return 1;
+      periodic |= 1u << k;
+    }
+    std::int64_t factor = max_inner / inner;
+    while (factor > 1 && extent_[1] % factor != 0) --factor;
+    if (factor <= 1) {
+      periodic = 0;
+      return 1;
+    }
+    extent_[0] *= factor;
+    extent_[1] /= factor;
+    for (int k = 0; k < inputs_; ++k)
+      if (!(periodic >> k & 1u)) strides_[uz(k)][1] *= factor;
+    inner = extent_[0];
+    rows /= factor;
+    return factor;
+  }
+
   /// Element offsets of row `r` in each input (the output row starts at r * inner).
   void row_offsets(std::int64_t r, std::int64_t* offsets) const {
     for (int k = 0; k < inputs_; ++k) offsets[k] = 0;

@@ -123,16 +123,43 @@ inline BroadcastLoop LoopOf(const KernelArgs& args) {
       std::span<const Shape>(shapes.data(), static_cast<std::size_t>(args.num_inputs)));
 }
 
+/// Copies of the periodic operands of a widened broadcast loop (BroadcastLoop::widen): each
+/// holds its operand's row as often as a widened row needs, and the kernel reads it instead.
+/// Lives on the calling thread's stack while the kernel's tasks run.
+struct PeriodicRows {
+  static constexpr int kMax = 4;
+  alignas(64) std::array<std::array<float, static_cast<std::size_t>(fused_chunk)>, kMax> rows;
+
+  /// Widens `loop` to rows of up to fused_chunk elements and points base[k] of every periodic
+  /// operand k < operands at its copy. Operands in `no_periodic` (bit k) stay as they are.
+  template <class Ptr>
+  void Widen(BroadcastLoop& loop, Ptr* base, int operands, std::uint32_t no_periodic) {
+    const std::int64_t inner = loop.inner;
+    std::uint32_t periodic = 0;
+    const std::int64_t factor = loop.widen(fused_chunk, no_periodic, kMax, periodic);
+    std::size_t used = 0;
+    for (int k = 0; k < operands && factor > 1; ++k) {
+      if (!(periodic >> k & 1u)) continue;
+      float* row = rows[used++].data();
+      for (std::int64_t i = 0; i < factor; ++i) std::copy_n(base[k], inner, row + i * inner);
+      base[k] = row;
+    }
+  }
+};
+
 template <Op op> void ElementwiseKernel(const KernelArgs& args) {
   const auto* s = std::get_if<ScalarAttrs>(args.attrs);
   const float scalar = s ? s->value : 0.0f;
-  const BroadcastLoop loop = LoopOf(args);
+  BroadcastLoop loop = LoopOf(args);
+  const float* base[2] = {args.in[0].f32(), args.in[args.num_inputs > 1 ? 1 : 0].f32()};
+  PeriodicRows periodic;
+  periodic.Widen(loop, base, std::min(args.num_inputs, 2), 0);
   const int ib = args.num_inputs > 1 ? 1 : 0; // unary ops read their one input as both operands
   const RowFn row =
       RowTable()[op_index(op)][static_cast<std::size_t>(loop.inner_stride[0])]
                 [static_cast<std::size_t>(loop.inner_stride[static_cast<std::size_t>(ib)])];
-  const float* pa = args.in[0].f32();
-  const float* pb = args.in[static_cast<std::size_t>(ib)].f32();
+  const float* pa = base[0];
+  const float* pb = base[ib];
   float* po = args.out.f32();
   ForEachChunk(loop, 4096, [&](std::int64_t r, std::int64_t first, std::int64_t n) {
     std::int64_t offsets[max_op_inputs];
@@ -203,6 +230,13 @@ struct BoundProgram {
   }
 };
 
+/// Bit k set for every program input k that a store writes: those must stay in place.
+inline std::uint32_t StoredOperands(const std::vector<FusedStore>& stores) {
+  std::uint32_t mask = 0;
+  for (const FusedStore& st : stores) mask |= 1u << static_cast<unsigned>(st.input);
+  return mask;
+}
+
 /// A fused chain: each chunk of a row goes through every step of the program, keeping the
 /// intermediate results in this thread's workspace (a few KiB, so they stay in L1/L2).
 inline void FusedElementwiseKernel(const KernelArgs& args) {
@@ -210,6 +244,8 @@ inline void FusedElementwiseKernel(const KernelArgs& args) {
   BoundProgram bound{&fused.program, &fused.stores, {}, LoopOf(args), args.out.f32()};
   for (int k = 0; k < args.num_inputs; ++k)
     bound.base[static_cast<std::size_t>(k)] = args.in[static_cast<std::size_t>(k)].f32();
+  PeriodicRows periodic;
+  periodic.Widen(bound.loop, bound.base.data(), args.num_inputs, StoredOperands(fused.stores));
   ForEachChunk(bound.loop, fused_chunk, [&](std::int64_t r, std::int64_t first, std::int64_t n) {
     bound.RunPiece(r, first, n, ThreadScratch(args));
   });
@@ -238,7 +274,13 @@ public:
     bound_.loop = BroadcastLoop(
         args.out.shape, std::span<const Shape>(shapes.data(), static_cast<std::size_t>(operands)));
     bound_.out = args.out.f32();
+    // Operand 0, the anchor's result, may be read from a staging buffer: it stays in place.
+    periodic_.Widen(bound_.loop, bound_.base.data(), operands, 1u | StoredOperands(e->stores));
   }
+
+  // bound_ may point into periodic_: a copy would point into the original.
+  EpilogueRunner(const EpilogueRunner&) = delete;
+  EpilogueRunner& operator=(const EpilogueRunner&) = delete;
 
   [[nodiscard]] bool active() const { return bound_.program != nullptr; }
   /// Where an anchor writes its result for a piece of output before the epilogue runs: the
@@ -260,6 +302,7 @@ public:
 
 private:
   BoundProgram bound_{nullptr, nullptr, {}, BroadcastLoop(Shape{}, {}), nullptr};
+  PeriodicRows periodic_;
   bool needs_staging_ = false;
 };
 
