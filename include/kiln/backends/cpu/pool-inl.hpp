@@ -149,11 +149,94 @@ template <bool kMax, int S> inline void PoolPlane(const float* x, float* y, cons
   }
 }
 
+/// Floats of the per-block buffer of the whole-tensor 2x2 pooling kernels.
+inline constexpr std::int64_t kPairRowsFloats = 1024;
+
+/// Whether a 2x2, stride-2, unpadded pooling over even planes runs over the whole tensor as
+/// blocks of row pairs: each plane's rows pair up, and planes follow each other, so the
+/// tensor is planes x OH row pairs whatever the plane size, and narrow planes (LeNet's 10 x 10)
+/// cost no call per row.
+inline bool PoolsRowPairs(const Geometry& g) {
+  return g.k == 2 && g.s == 2 && g.p == 0 && g.H % 2 == 0 && g.W % 2 == 0 && g.W <= kPairRowsFloats;
+}
+
+/// Calls block_fn(first, count) over the tensor's planes x OH output rows in blocks whose
+/// input (count row pairs) halves into at most kPairRowsFloats floats, in parallel.
+template <class F> inline void ForEachRowPairBlock(const Geometry& g, const F& block_fn) {
+  const std::int64_t rows = g.planes * g.OH,
+                     block = std::max<std::int64_t>(1, kPairRowsFloats / g.W);
+  const std::int64_t blocks = (rows + block - 1) / block;
+  const std::int64_t grain = std::max<std::int64_t>(1, kMinTaskElements / (block * 2 * g.W));
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, blocks, grain),
+                    [&](const tbb::blocked_range<std::int64_t>& r) HWY_ATTR {
+                      for (std::int64_t b = r.begin(); b != r.end(); ++b)
+                        block_fn(b * block, std::min(block, rows - b * block));
+                    });
+}
+
+/// Max (or mean) pooling 2x2 by row pairs: first the horizontal pairs of the whole block,
+/// contiguous whatever the rows (W is even), with whole vectors; then each output row from its
+/// two rows of pair results.
+template <bool kMax> inline void PoolRowPairs(const float* x, float* y, const Geometry& g) {
+  ForEachRowPairBlock(g, [&](std::int64_t first, std::int64_t count) HWY_ATTR {
+    alignas(64) float pairs[kPairRowsFloats];
+    const float* in = x + 2 * first * g.W;
+    const std::int64_t n = count * g.W; // pair results: 2 * count rows of OW
+    const hn::ScalableTag<float> d;
+    const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+    std::int64_t i = 0;
+    for (; i + lanes <= n; i += lanes) {
+      hn::Vec<decltype(d)> even, odd;
+      hn::LoadInterleaved2(d, in + 2 * i, even, odd);
+      hn::Store(kMax ? hn::Max(even, odd) : hn::Add(even, odd), d, pairs + i);
+    }
+    for (; i < n; ++i)
+      pairs[i] = kMax ? std::max(in[2 * i], in[2 * i + 1]) : in[2 * i] + in[2 * i + 1];
+    float* out = y + first * g.OW;
+    for (std::int64_t r = 0; r < count; ++r) {
+      const float* top = pairs + 2 * r * g.OW;
+      const float* bottom = top + g.OW;
+      for (std::int64_t j = 0; j < g.OW; ++j)
+        out[r * g.OW + j] = kMax ? std::max(top[j], bottom[j]) : 0.25f * (top[j] + bottom[j]);
+    }
+  });
+}
+
+/// avgpool2d_grad 2x2 by row pairs: each dy row, scaled, fills its two rows of pair values,
+/// then the whole block of dx is written as interleaved pairs with whole vectors.
+inline void AvgPoolGradRowPairs(const float* dy, float* dx, const Geometry& g) {
+  ForEachRowPairBlock(g, [&](std::int64_t first, std::int64_t count) HWY_ATTR {
+    alignas(64) float pairs[kPairRowsFloats];
+    const float* in = dy + first * g.OW;
+    for (std::int64_t r = 0; r < count; ++r) {
+      for (std::int64_t j = 0; j < g.OW; ++j) {
+        const float v = 0.25f * in[r * g.OW + j];
+        pairs[2 * r * g.OW + j] = v;
+        pairs[(2 * r + 1) * g.OW + j] = v;
+      }
+    }
+    float* out = dx + 2 * first * g.W;
+    const std::int64_t n = count * g.W;
+    const hn::ScalableTag<float> d;
+    const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+    std::int64_t i = 0;
+    for (; i + lanes <= n; i += lanes) {
+      const auto v = hn::Load(d, pairs + i);
+      hn::StoreInterleaved2(v, v, d, out + 2 * i);
+    }
+    for (; i < n; ++i) out[2 * i] = out[2 * i + 1] = pairs[i];
+  });
+}
+
 template <bool kMax> inline void PoolForward(const KernelArgs& args) {
   const auto& a = *std::get_if<Pool2dAttrs>(args.attrs);
   const Geometry g = MakeGeometry(args.in[0].shape, args.out.shape, a);
   const float* x = args.in[0].f32();
   float* y = args.out.f32();
+  if (PoolsRowPairs(g)) {
+    PoolRowPairs<kMax>(x, y, g);
+    return;
+  }
   const std::int64_t in_plane = g.H * g.W, out_plane = g.OH * g.OW;
   ForEachPlane(g, out_plane * g.k * g.k, [&](std::int64_t c) HWY_ATTR {
     if (g.s == 1) {
@@ -365,6 +448,11 @@ inline void AvgPoolGrad(const KernelArgs& args) {
   const Geometry g = MakeGeometry(args.out.shape, args.in[0].shape, a);
   const float* dy = args.in[0].f32();
   float* dx = args.out.f32();
+  // Rows of 16 or more already fill whole vectors plane by plane, and measured no faster so.
+  if (PoolsRowPairs(g) && g.W < 16) {
+    AvgPoolGradRowPairs(dy, dx, g);
+    return;
+  }
   const std::int64_t in_plane = g.H * g.W, out_plane = g.OH * g.OW;
   ForEachPlane(g, out_plane * g.k * g.k + in_plane, [&](std::int64_t c) HWY_ATTR {
     const float* dyc = dy + c * out_plane;
