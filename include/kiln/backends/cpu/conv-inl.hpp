@@ -262,11 +262,7 @@ inline void Conv2dGradWeightKernel(const KernelArgs& args) {
   const float* dy = args.in[1].f32();
   float* dw = args.out.f32();
   const std::size_t ckk = g.ckk(), pixels = g.pixels(), size = g.o * ckk;
-  const auto slices = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-  const std::size_t slice_floats = args.workspace_per_thread / sizeof(float);
-  const auto partial = [&](std::size_t t) {
-    return reinterpret_cast<float*>(args.workspace) + t * slice_floats + layout.partial;
-  };
+  const PartialWeightGradients partials{args, layout.partial, 1};
   const EpilogueRunner epilogue(args);
   if (g.batch == 0 || pixels == 0) {
     std::fill_n(dw, size, 0.0f);
@@ -274,7 +270,7 @@ inline void Conv2dGradWeightKernel(const KernelArgs& args) {
     return;
   }
   const bool by_taps = TileUse(ckk, g.o) > TileUse(g.o, ckk);
-  for (std::size_t t = 0; t < slices; ++t) std::fill_n(partial(t), size, 0.0f);
+  partials.Zero(size);
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
     float* col = scratch + layout.col;
@@ -292,17 +288,9 @@ inline void Conv2dGradWeightKernel(const KernelArgs& args) {
     Gemm(g.o, ckk, pixels, MatRef{dyn, pixels, 1}, GemmB{MatRef{}, col, pixels},
          scratch + layout.partial, ckk, true, nullptr, nullptr);
   });
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, size, 4096),
-                    [&](const tbb::blocked_range<std::size_t>& r) {
-                      for (std::size_t i = r.begin(); i < r.end(); ++i) {
-                        // Element (o, tap) of dW sits at tap * O + o in a turned-around partial.
-                        const std::size_t at = by_taps ? i % ckk * g.o + i / ckk : i;
-                        float sum = 0.0f;
-                        for (std::size_t t = 0; t < slices; ++t) sum += partial(t)[at];
-                        dw[i] = sum;
-                      }
-                      epilogue(r.begin(), r.end(), ThreadScratch(args) + layout.total);
-                    });
+  // Element (o, tap) of dW sits at tap * O + o in a turned-around partial.
+  const auto at = [&](std::size_t i) { return by_taps ? i % ckk * g.o + i / ckk : i; };
+  partials.SumInto(dw, size, at, epilogue, layout.total);
 }
 
 inline void RegisterConvKernels(KernelTable& table) {

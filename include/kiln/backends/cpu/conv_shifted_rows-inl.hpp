@@ -37,6 +37,39 @@ inline constexpr std::size_t kDotRows = 4, kDotTaps = 6;
 inline constexpr std::size_t kDotRows = 2, kDotTaps = 5;
 #endif
 
+/// Every worker thread's partial dW of a weight-gradient kernel, at layout.partial in its
+/// workspace slice, each dW element `values` floats wide (summed together at the end).
+struct PartialWeightGradients {
+  const KernelArgs& args;
+  std::size_t offset, values;
+  std::size_t slices = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
+
+  [[nodiscard]] float* slice(std::size_t t) const {
+    return reinterpret_cast<float*>(args.workspace) +
+           t * (args.workspace_per_thread / sizeof(float)) + offset;
+  }
+  void Zero(std::size_t size) const {
+    for (std::size_t t = 0; t < slices; ++t) std::fill_n(slice(t), size * values, 0.0f);
+  }
+  /// dw[i] = the sum over threads of the `values` floats of element at(i), for i < size; the
+  /// epilogue (typically the optimizer update) runs over each block as it is done.
+  template <class At>
+  void SumInto(float* dw, std::size_t size, const At& at, const EpilogueRunner& epilogue,
+               std::size_t temps) const {
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, size, 4096),
+                      [&](const tbb::blocked_range<std::size_t>& r) {
+                        for (std::size_t i = r.begin(); i < r.end(); ++i) {
+                          const std::size_t first = at(i) * values;
+                          float sum = 0.0f;
+                          for (std::size_t t = 0; t < slices; ++t)
+                            for (std::size_t l = 0; l < values; ++l) sum += slice(t)[first + l];
+                          dw[i] = sum;
+                        }
+                        epilogue(r.begin(), r.end(), ThreadScratch(args) + temps);
+                      });
+  }
+};
+
 /// Where tap k reads: A (the weights) at a[k] from its row start, the padded image at b[k].
 struct TapOffsets {
   std::size_t* a;
@@ -232,12 +265,8 @@ inline void Conv2dGradWeightShiftedRows(const KernelArgs& args, const ConvGeomet
   const std::size_t ckk = g.ckk(), pixels = g.pixels(), size = g.o * ckk;
   const std::size_t lanes = hn::Lanes(GemmTag()), row_floats = s.row_floats();
   const std::size_t vectors = (s.columns + lanes - 1) / lanes;
-  const auto slices = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-  const std::size_t slice_floats = args.workspace_per_thread / sizeof(float);
-  const auto partial = [&](std::size_t t) {
-    return reinterpret_cast<float*>(args.workspace) + t * slice_floats + layout.partial;
-  };
-  for (std::size_t t = 0; t < slices; ++t) std::fill_n(partial(t), size * lanes, 0.0f);
+  const PartialWeightGradients partials{args, layout.partial, lanes};
+  partials.Zero(size);
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
     float* padded = scratch + layout.col;
@@ -261,16 +290,8 @@ inline void Conv2dGradWeightShiftedRows(const KernelArgs& args, const ConvGeomet
     }
   });
   const EpilogueRunner epilogue(args);
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, size, 4096),
-                    [&](const tbb::blocked_range<std::size_t>& r) {
-                      for (std::size_t i = r.begin(); i < r.end(); ++i) {
-                        float sum = 0.0f;
-                        for (std::size_t t = 0; t < slices; ++t)
-                          for (std::size_t l = 0; l < lanes; ++l) sum += partial(t)[i * lanes + l];
-                        dw[i] = sum;
-                      }
-                      epilogue(r.begin(), r.end(), ThreadScratch(args) + layout.total);
-                    });
+  partials.SumInto(
+      dw, size, [](std::size_t i) { return i; }, epilogue, layout.total);
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE
