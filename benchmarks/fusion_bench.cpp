@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
     }
     const double base = rows.back().ms;
     std::printf("\n%s: training step, batch %d, %d threads, %s, median of %d rounds x %d steps\n",
-                network, batch, threads, exes[0].plan().target.c_str(), rounds, steps);
+                network, batch, threads, exes[0].plan().target.isa.c_str(), rounds, steps);
     std::printf("%-20s %9s %17s %8s %8s %12s %12s\n", "configuration", "ms/step", "min..max",
                 "speedup", "kernels", "MiB moved", "peak MiB");
     for (const Row& r : rows) {
@@ -121,8 +121,8 @@ int main(int argc, char** argv) {
           ", \"bytes_moved\": " + std::to_string(r.bytes) +
           ", \"planned_peak_bytes\": " + std::to_string(r.peak) +
           ", \"threads\": " + std::to_string(threads) + ", \"batch\": " + std::to_string(batch) +
-          ", \"target\": \"" + exes[0].plan().target + "\", \"build_type\": \"" + KILN_BUILD_TYPE +
-          "\", \"other_cores_busy\": " + std::to_string(timing.other_cores) + "}";
+          ", \"target\": \"" + exes[0].plan().target.isa + "\", \"build_type\": \"" +
+          KILN_BUILD_TYPE + "\", \"other_cores_busy\": " + std::to_string(timing.other_cores) + "}";
     }
     bench::print_neighbours(timing);
   }

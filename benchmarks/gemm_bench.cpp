@@ -9,10 +9,10 @@
 
 #include <tbb/task_arena.h>
 
-#include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/backend.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 #include "kiln/core/rng.hpp"
-#include "kiln/runtime/tensor.hpp"
+#include "kiln/core/tensor.hpp"
 
 void eigen_gemm(const float* a, const float* b, float* c, long m, long n, long k, bool transpose_b);
 
@@ -51,10 +51,12 @@ void kiln_matmul(benchmark::State& state) {
   args.in[1] = {x.b.data(), transpose_b ? kiln::Shape{n, k} : kiln::Shape{k, n}, kiln::f32};
   args.out = {x.c.data(), kiln::Shape{m, n}, kiln::f32};
   args.attrs = &attrs;
-  args.workspace_per_thread = kiln::cpu::workspace_per_thread(kiln::Op::MatMul, args);
-  auto workspace = kiln::detail::aligned_zeroed(args.workspace_per_thread);
+  const kiln::KernelChoice choice =
+      kiln::cpu::select(kiln::cpu::kernel_table(), kiln::Op::MatMul, args);
+  args.workspace_per_worker = choice.workspace_per_worker;
+  auto workspace = kiln::detail::aligned_zeroed(args.workspace_per_worker);
   args.workspace = workspace.get();
-  const kiln::KernelFn fn = kiln::cpu::kernel_table().run[kiln::op_index(kiln::Op::MatMul)];
+  const kiln::KernelFn fn = choice.kernel;
   tbb::task_arena one_thread(1);
   one_thread.execute([&] {
     for (auto _ : state) {

@@ -15,6 +15,7 @@
 
 #include <tbb/task_arena.h>
 
+#include "kiln/backends/cpu/backend.hpp"
 #include "kiln/backends/cpu/implementation.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 #include "kiln/core/rng.hpp"
@@ -48,11 +49,12 @@ void bench(const char* name, kiln::Op op, std::vector<Input> inputs, kiln::Shape
   }
   args.out = kiln::TensorView{out.data(), out_shape, kiln::DType::f32};
   args.attrs = &attrs;
-  args.workspace_per_thread = kiln::cpu::workspace_per_thread(op, args);
+  const kiln::KernelChoice choice = kiln::cpu::select(kiln::cpu::kernel_table(), op, args);
+  args.workspace_per_worker = choice.workspace_per_worker;
   const auto threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-  std::vector<Line> workspace(threads * args.workspace_per_thread / sizeof(Line) + 1);
+  std::vector<Line> workspace(threads * args.workspace_per_worker / sizeof(Line) + 1);
   args.workspace = reinterpret_cast<std::byte*>(workspace.data());
-  const kiln::KernelFn fn = kiln::cpu::kernel_table().run[kiln::op_index(op)];
+  const kiln::KernelFn fn = choice.kernel;
 
   fn(args);
   std::vector<double> gflops;
@@ -65,7 +67,7 @@ void bench(const char* name, kiln::Op op, std::vector<Input> inputs, kiln::Shape
   std::sort(gflops.begin(), gflops.end());
   std::printf("%-34s %8.1f   %6.1f..%6.1f   %8.3f ms   ws %zu KiB/thread\n", name,
               gflops[gflops.size() / 2], gflops.front(), gflops.back(),
-              flops / gflops[gflops.size() / 2] * 1e-6, args.workspace_per_thread / 1024);
+              flops / gflops[gflops.size() / 2] * 1e-6, args.workspace_per_worker / 1024);
 }
 
 /// A k x k stride-1 convolution, NCHW or, when `channels_last`, the layout pass's NHWC form

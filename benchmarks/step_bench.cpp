@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
 
   const double gflop = 4.58 * batch / 64.0; // 2·MACs forward + backward of this net, per step
   std::printf("default MNIST CNN training step, batch %d, target %s, %d rounds x %d steps\n", batch,
-              exes[0].plan().target.c_str(), rounds, steps);
+              exes[0].plan().target.isa.c_str(), rounds, steps);
   std::printf("%-8s %12s %22s %12s %10s\n", "threads", "ms/step", "min..max", "images/s",
               "GFLOP/s");
   for (std::size_t k = 0; k < exes.size(); ++k) {
@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   if (!json.empty()) {
     std::ofstream out(json);
     out << "{\"benchmark\": \"step_bench\", \"network\": \"mnist_cnn\", \"batch\": " << batch
-        << ", \"target\": \"" << exes[0].plan().target << "\", \"build_type\": \""
+        << ", \"target\": \"" << exes[0].plan().target.isa << "\", \"build_type\": \""
         << KILN_BUILD_TYPE << "\", \"results\": [";
     for (std::size_t k = 0; k < exes.size(); ++k) {
       const bench::Spread& t = timing.per_executor[k];

@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     kiln::Executor exe = kiln::compile(g, {.threads = threads});
     exe.set_input("x", images);
     exe.set_input("y", labels);
-    target = exe.plan().target;
+    target = exe.plan().target.isa;
     bench::TorchTrainer torch(network, batch, images, labels, lr, momentum);
     exe.run(); // warm-up
     torch.step();

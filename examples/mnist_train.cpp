@@ -182,7 +182,7 @@ int run(const Options& o) {
               plan.steps.size(), static_cast<double>(plan.memory.arena_bytes) / 1048576.0,
               static_cast<double>(plan.memory.naive_bytes) / 1048576.0,
               static_cast<double>(plan.unoptimised_bytes) / 1048576.0, plan.threads,
-              plan.target.c_str());
+              plan.target.isa.c_str());
   if (o.explain_fusion) {
     std::printf(
         "fusion decisions (pass: producer -> consumer: reason), numbered as in the graph each "
@@ -264,7 +264,7 @@ int run(const Options& o) {
         << ", \"final_loss\": " << final_loss << ", \"epochs\": " << epochs
         << ", \"images_per_s\": " << images_per_s << ", \"ms_per_step\": " << ms_per_step
         << ", \"batch\": " << o.batch << ", \"threads\": " << plan.threads << ", \"target\": \""
-        << plan.target << "\", \"seed\": " << o.seed << ", \"steps\": " << total_steps << "}\n";
+        << plan.target.isa << "\", \"seed\": " << o.seed << ", \"steps\": " << total_steps << "}\n";
     if (!out) kiln::fail(kiln::errc::io, "cannot write " + o.json);
   }
   if (o.smoke) {

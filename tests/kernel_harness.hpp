@@ -15,8 +15,7 @@
 
 #include <tbb/task_arena.h>
 
-#include "kiln/backends/cpu/kernel_table.hpp"
-#include "kiln/backends/cpu/workspace.hpp"
+#include "kiln/backends/cpu/backend.hpp"
 
 namespace kiln::test {
 
@@ -57,23 +56,24 @@ struct alignas(64) Line {
 inline std::vector<float> run_kernel(const cpu::KernelTable& t, Op op,
                                      std::initializer_list<TensorView> inputs,
                                      const Shape& out_shape, const Attrs* attrs = nullptr) {
-  const KernelFn fn = t.run[op_index(op)];
-  REQUIRE(static_cast<bool>(fn));
   std::vector<float> out(static_cast<std::size_t>(out_shape.numel()),
                          std::numeric_limits<float>::quiet_NaN());
   KernelArgs args;
   for (const TensorView& in : inputs) args.in[static_cast<std::size_t>(args.num_inputs++)] = in;
   args.out = view(out, out_shape);
   args.attrs = attrs;
-  args.workspace_per_thread = cpu::workspace_per_thread(op, args);
-  CHECK(args.workspace_per_thread % 64 == 0);
+  const KernelChoice choice = cpu::select(t, op, args);
+  INFO(choice.name);
+  REQUIRE(static_cast<bool>(choice.kernel));
+  args.workspace_per_worker = choice.workspace_per_worker;
+  CHECK(args.workspace_per_worker % 64 == 0);
   const auto threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
   std::vector<Line> workspace(
-      std::max<std::size_t>(1, threads * args.workspace_per_thread / sizeof(Line)));
+      std::max<std::size_t>(1, threads * args.workspace_per_worker / sizeof(Line)));
   std::fill_n(reinterpret_cast<unsigned char*>(workspace.data()), workspace.size() * sizeof(Line),
               0xff);
   args.workspace = reinterpret_cast<std::byte*>(workspace.data());
-  fn(args);
+  choice.kernel(args);
   return out;
 }
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kiln/core/shape.hpp"
-#include "kiln/ops/attrs.hpp"
+#include "kiln/ir/attrs.hpp"
 
 namespace kiln::test::ref {
 

@@ -83,8 +83,9 @@ TEST_CASE("builder: dtype, arity and attribute errors have their own codes") {
   auto float_labels = g.input("y", {4});
   CHECK(error_code([&] { (void)kiln::softmax_cross_entropy(logits, float_labels); }) ==
         "kiln.verify.dtype");
-  CHECK(error_code([&] { (void)g.append(kiln::Op::Add, {logits.id}); }) == "kiln.verify.arity");
-  CHECK(error_code([&] { (void)g.append(kiln::Op::MulScalar, {logits.id}); }) ==
+  CHECK(error_code([&] { (void)kiln::append(g, kiln::Op::Add, {logits.id}); }) ==
+        "kiln.verify.arity");
+  CHECK(error_code([&] { (void)kiln::append(g, kiln::Op::MulScalar, {logits.id}); }) ==
         "kiln.verify.attr");
   CHECK(error_code([&] {
           (void)kiln::max_pool2d(g.input("img", {1, 1, 4, 4}),
@@ -96,7 +97,7 @@ TEST_CASE("builder: dtype, arity and attribute errors have their own codes") {
 TEST_CASE("graph errors: bad inputs, assign targets, undifferentiable ops") {
   kiln::Graph g;
   auto x = g.input("x", {4});
-  CHECK(error_code([&] { (void)g.append(kiln::Op::Relu, {5}); }) == "kiln.verify.graph");
+  CHECK(error_code([&] { (void)kiln::append(g, kiln::Op::Relu, {5}); }) == "kiln.verify.graph");
   CHECK(error_code([&] { (void)kiln::assign(x, x); }) == "kiln.verify.graph");
   auto p = g.param("p", std::make_shared<kiln::Tensor>(kiln::Shape{4}));
   auto m = kiln::dropout_mask(g, {4}, 0.5f, 1);

@@ -273,7 +273,7 @@ TEST_CASE("fuse_loss: the loss and its gradient become one kernel (IR before and
   auto logits = g.input("x", {2, 3});
   auto labels = g.input("y", {2}, kiln::i32);
   auto loss = kiln::softmax_cross_entropy(logits, labels);
-  auto seed = g.append(kiln::Op::Fill, {}, kiln::FillAttrs{1.0f, Shape{}});
+  auto seed = kiln::append(g, kiln::Op::Fill, {}, kiln::FillAttrs{1.0f, Shape{}});
   auto grad = kiln::softmax_cross_entropy_grad(logits, labels, seed);
   g.mark_output(loss);
   g.mark_output(kiln::relu(grad));
@@ -339,7 +339,7 @@ TEST_CASE("fuse_epilogue: an anchor never stores into a param it reads itself") 
     auto w = g.param("w", random_tensor(Shape{96, 96}, 23));
     auto x = g.input("x", {96, 96});
     // w = relu(w · x): the matmul reads w whole; a fused store would overwrite it tile by tile.
-    (void)g.append(kiln::Op::Assign, {w.id, kiln::relu(kiln::matmul(w, x)).id});
+    (void)kiln::append(g, kiln::Op::Assign, {w.id, kiln::relu(kiln::matmul(w, x)).id});
     auto exe = kiln::compile(g, {.threads = 2,
                                  .disable = off ? std::vector<std::string>{"fuse_epilogue"}
                                                 : std::vector<std::string>{}});

@@ -11,6 +11,13 @@
 
 namespace {
 
+/// A pass context for the CPU, whose channels-last kernels the layout pass asks about.
+kiln::PassContext cpu_context() {
+  kiln::PassContext ctx;
+  ctx.target = kiln::cpu_backend().target();
+  return ctx;
+}
+
 using kiln::test::random_tensor;
 using kiln::test::with_and_without;
 
@@ -30,7 +37,7 @@ TEST_CASE("layout: a conv-relu-conv-pool chain runs NHWC, reordered only at its 
   auto a2 = kiln::relu(kiln::conv2d(a1, w2, {.padding = 1}));
   auto out = kiln::flatten(kiln::max_pool2d(a2, {.kernel = 2}));
   g.mark_output(out);
-  kiln::PassContext ctx;
+  kiln::PassContext ctx = cpu_context();
   const kiln::PassResult r = kiln::choose_layouts(g, ctx);
   CHECK(r.changed);
   // x has one channel, so its NHWC form is a reshape; the only activation reorder is the
@@ -75,7 +82,7 @@ TEST_CASE("layout: reasons recorded: ineligible convolutions, and reorders that 
     auto x = g.input("x", {2, 1, 8, 8});
     auto w = g.param("w", random_tensor({6, 1, 5, 5}, 1));
     g.mark_output(kiln::relu(kiln::conv2d(x, w, {})));
-    kiln::PassContext ctx;
+    kiln::PassContext ctx = cpu_context();
     CHECK_FALSE(kiln::choose_layouts(g, ctx).changed);
     REQUIRE(ctx.report.layouts.size() == 2);
     for (const kiln::LayoutDecision& d : ctx.report.layouts) {
@@ -84,6 +91,19 @@ TEST_CASE("layout: reasons recorded: ineligible convolutions, and reorders that 
     }
     CHECK(ctx.report.transforms.empty());
   }
+  SUBCASE("a target without channels-last kernels keeps every group NCHW") {
+    kiln::Graph g;
+    auto x = g.input("x", {2, 16, 8, 8});
+    auto w = g.param("w", random_tensor({16, 16, 3, 3}, 1));
+    g.mark_output(kiln::relu(kiln::conv2d(x, w, {.padding = 1})));
+    kiln::PassContext ctx; // the default Target describes NCHW kernels only
+    CHECK_FALSE(kiln::choose_layouts(g, ctx).changed);
+    REQUIRE(ctx.report.layouts.size() == 2);
+    for (const kiln::LayoutDecision& d : ctx.report.layouts)
+      CHECK(d.reason == kiln::LayoutReason::not_eligible);
+    kiln::PassContext cpu = cpu_context();
+    CHECK(kiln::choose_layouts(g, cpu).changed); // the same graph goes NHWC on the CPU
+  }
   SUBCASE("a 1x1 convolution between a graph input and a graph output saves less than it costs") {
     // Its column matrix is the input itself: reading x in place saves 2 x 4 bytes per input
     // element, exactly what reordering x costs, and reordering the output costs more again.
@@ -91,7 +111,7 @@ TEST_CASE("layout: reasons recorded: ineligible convolutions, and reorders that 
     auto x = g.input("x", {2, 16, 5, 5});
     auto w = g.param("w", random_tensor({16, 16, 1, 1}, 1));
     g.mark_output(kiln::conv2d(x, w, {}));
-    kiln::PassContext ctx;
+    kiln::PassContext ctx = cpu_context();
     CHECK_FALSE(kiln::choose_layouts(g, ctx).changed);
     REQUIRE(ctx.report.layouts.size() == 2);
     for (const kiln::LayoutDecision& d : ctx.report.layouts) {

@@ -37,6 +37,8 @@ inline constexpr std::string_view magic = "kiln.data.magic";          ///< not a
 inline constexpr std::string_view truncated = "kiln.data.truncated";  ///< file too short
 inline constexpr std::string_view format = "kiln.data.format";        ///< bad header field
 inline constexpr std::string_view missing_data = "kiln.data.missing"; ///< no data directory
+inline constexpr std::string_view no_kernel = "kiln.plan.no_kernel";  ///< backend cannot run a node
+inline constexpr std::string_view memory = "kiln.runtime.memory";     ///< device memory exhausted
 } // namespace errc
 
 /// Throws kiln::Error with `code` and `message`.

@@ -9,9 +9,9 @@
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/shape.hpp"
-#include "kiln/ops/attrs.hpp"
-#include "kiln/ops/op_list.hpp"
-#include "kiln/runtime/tensor.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/ir/attrs.hpp"
+#include "kiln/ir/op_list.hpp"
 
 namespace kiln {
 
@@ -52,14 +52,10 @@ struct Value {
   }
 };
 
-/// Infers the output type of a node about to be added; throws kiln::Error naming the node.
-/// Defined in ops/registry.hpp so that the graph does not depend on every op family.
-TensorType infer_type(const Graph& graph, ValueId id, Op op, const std::vector<ValueId>& inputs,
-                      const Attrs& attrs);
-
 /// A computation graph. Builder functions (kiln::add, kiln::conv2d, nn layers, autodiff)
-/// append nodes; each append checks shapes and dtypes at once, so errors point at the line
-/// that built the bad node. Values hold a pointer to their graph: a Graph does not move.
+/// append nodes through kiln::append (ops/registry.hpp), which checks shapes and dtypes at
+/// once, so errors point at the line that built the bad node. Values hold a pointer to their
+/// graph: a Graph does not move.
 class Graph {
 public:
   Graph() = default;
@@ -72,7 +68,7 @@ public:
       if (const auto* a = std::get_if<InputAttrs>(&n.attrs); a && a->name == name)
         fail(errc::argument, "graph already has an input named '" + name + "'");
     }
-    return append_typed(Op::Input, {}, InputAttrs{name, 0}, TensorType{shape, dtype});
+    return push(Node{Op::Input, {}, InputAttrs{name, 0}, TensorType{shape, dtype}});
   }
 
   /// A persistent tensor (parameter or state), read in place and updated by assign.
@@ -83,19 +79,20 @@ public:
       if (const auto* a = std::get_if<ParamAttrs>(&nodes_[i].attrs); a && a->tensor == tensor)
         return Value{this, static_cast<ValueId>(i)};
     }
-    return append_typed(Op::Param, {}, ParamAttrs{name, std::move(tensor)}, type);
+    return push(Node{Op::Param, {}, ParamAttrs{name, std::move(tensor)}, type});
   }
 
-  /// Appends a node after inferring and checking its type.
-  Value append(Op op, std::vector<ValueId> inputs, Attrs attrs = NoAttrs{}) {
+  /// Appends a node whose type is already known: kiln::append infers and checks it, passes
+  /// that rewrite a graph copy it. Its inputs must be earlier nodes.
+  Value push(Node node) {
     const auto id = static_cast<ValueId>(nodes_.size());
-    for (ValueId in : inputs) {
+    for (ValueId in : node.inputs) {
       if (in < 0 || in >= id)
-        fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(op)) +
+        fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(node.op)) +
                               ": input %" + std::to_string(in) + " does not exist");
     }
-    TensorType type = infer_type(*this, id, op, inputs, attrs);
-    return append_typed(op, std::move(inputs), std::move(attrs), type);
+    nodes_.push_back(std::move(node));
+    return Value{this, id};
   }
 
   [[nodiscard]] const Node& node(ValueId id) const {
@@ -147,11 +144,6 @@ public:
   }
 
 private:
-  Value append_typed(Op op, std::vector<ValueId> inputs, Attrs attrs, TensorType type) {
-    nodes_.push_back(Node{op, std::move(inputs), std::move(attrs), type});
-    return Value{this, static_cast<ValueId>(nodes_.size() - 1)};
-  }
-
   std::vector<Node> nodes_;
   std::vector<ValueId> outputs_;
 };

@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "kiln/core/rng.hpp"
-#include "kiln/runtime/tensor.hpp"
+#include "kiln/core/tensor.hpp"
 
 namespace kiln::nn {
 

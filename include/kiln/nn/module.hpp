@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/tensor.hpp"
 #include "kiln/ir/graph.hpp"
-#include "kiln/runtime/tensor.hpp"
 
 namespace kiln::nn {
 

@@ -9,6 +9,11 @@
 
 namespace kiln {
 
+/// Appends a node of `op` to `g` after inferring its type from the op's definition; throws
+/// kiln::Error naming the node when its inputs or attributes do not fit. Every builder below
+/// goes through it. Defined in ops/registry.hpp, beside the op table.
+Value append(Graph& g, Op op, std::vector<ValueId> inputs, Attrs attrs = NoAttrs{});
+
 // elementwise (ops/elementwise.hpp); binary ops broadcast numpy-style
 Value add(Value a, Value b);
 Value sub(Value a, Value b);

@@ -8,10 +8,6 @@
 
 namespace kiln {
 
-/// Channel counts a channels-last kernel tiles over (output channels; the input's for the input
-/// gradient) must be multiples of this: whole vectors on every x86 SIMD target.
-inline constexpr std::int64_t channels_last_multiple = 16;
-
 /// Bytes of column matrix an NCHW convolution kernel writes and reads back: for every image,
 /// C x KH x KW rows of OH x OW pixels (none for channels-last kernels, which read the image
 /// in place). `x` is the image (dx for the input gradient), `y` the output (dy for the
@@ -39,13 +35,6 @@ inline std::int64_t conv_flops(const CostContext& c, const Shape& y, const Shape
   return 2 * y.numel() * (w.numel() / out_channels) + epilogue_flops(c);
 }
 
-inline void check_channels_last_width(const InferContext& c, const Conv2dAttrs& a,
-                                      std::int64_t channels) {
-  if (a.channels_last && channels % channels_last_multiple != 0)
-    c.fail(errc::attr, "channels-last convolution tiles over " + std::to_string(channels) +
-                           " channels, not a multiple of " +
-                           std::to_string(channels_last_multiple));
-}
 inline std::int64_t conv_out_size(std::int64_t in, int kernel, int stride, int pad) {
   return (in + 2 * pad - kernel) / stride + 1;
 }
@@ -93,7 +82,6 @@ template <> struct OpDef<Op::Conv2d> : OpDefaults {
         detail::conv_out_size(x[3], static_cast<int>(w[3]), a.stride_w, a.pad_w);
     if (oh < 1 || ow < 1)
       c.fail(errc::shape, "kernel " + w.str() + " is larger than the padded input");
-    detail::check_channels_last_width(c, a, w[0]);
     const Shape y = detail::stored_as(Shape{x[0], w[0], oh, ow}, a.channels_last);
     detail::check_epilogue(c, a.epilogue, y);
     return TensorType{y, DType::f32};
@@ -126,11 +114,6 @@ template <> struct OpDef<Op::Conv2dGradInput> : OpDefaults {
     const Shape dy = detail::nchw_of(c.in(0).shape, a.channels_last);
     const Shape w = detail::oihw_of_backward_weight(c.in(1).shape, a.channels_last);
     if (dy[1] != w[0]) c.fail(errc::shape, "gradient channels differ from weight outputs");
-    // The channels-last kernel is a stride-1 convolution of the padded gradient.
-    if (a.channels_last &&
-        (a.stride_h != 1 || a.stride_w != 1 || a.pad_h >= w[2] || a.pad_w >= w[3]))
-      c.fail(errc::attr, "channels-last conv2d_grad_input needs stride 1 and padding < kernel");
-    detail::check_channels_last_width(c, a, w[1]);
     const Shape dx = detail::stored_as(Shape{dy[0], w[1], a.input_h, a.input_w}, a.channels_last);
     detail::check_epilogue(c, a.epilogue, dx);
     return TensorType{dx, DType::f32};
@@ -154,7 +137,6 @@ template <> struct OpDef<Op::Conv2dGradWeight> : OpDefaults {
     const Shape x = detail::nchw_of(c.in(0).shape, a.channels_last);
     const Shape dy = detail::nchw_of(c.in(1).shape, a.channels_last);
     if (x[0] != dy[0]) c.fail(errc::shape, "batch sizes differ");
-    detail::check_channels_last_width(c, a, dy[1]);
     const Shape dw{dy[1], x[1], a.kernel_h, a.kernel_w};
     detail::check_epilogue(c, a.epilogue, dw);
     return TensorType{dw, DType::f32};
@@ -174,15 +156,15 @@ inline Value conv2d(Value x, Value w, Conv2dOptions options) {
     a.input_h = x.shape()[2];
     a.input_w = x.shape()[3];
   }
-  return x.graph->append(Op::Conv2d, {x.id, w.id}, a);
+  return append(*x.graph, Op::Conv2d, {x.id, w.id}, a);
 }
 
 inline Value conv2d_grad_input(Value dy, Value w, const Conv2dAttrs& attrs) {
-  return dy.graph->append(Op::Conv2dGradInput, {dy.id, w.id}, attrs);
+  return append(*dy.graph, Op::Conv2dGradInput, {dy.id, w.id}, attrs);
 }
 
 inline Value conv2d_grad_weight(Value x, Value dy, const Conv2dAttrs& attrs) {
-  return x.graph->append(Op::Conv2dGradWeight, {x.id, dy.id}, attrs);
+  return append(*x.graph, Op::Conv2dGradWeight, {x.id, dy.id}, attrs);
 }
 
 } // namespace kiln

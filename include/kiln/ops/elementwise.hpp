@@ -179,7 +179,7 @@ template <> struct OpDef<Op::DropoutMask> : OpDefaults {
 };
 
 namespace detail {
-inline Value append(Op op, std::initializer_list<Value> inputs, Attrs attrs = NoAttrs{}) {
+inline Value append_values(Op op, std::initializer_list<Value> inputs, Attrs attrs = NoAttrs{}) {
   Graph* g = inputs.begin()->graph;
   std::vector<ValueId> ids;
   for (const Value& v : inputs) {
@@ -188,34 +188,34 @@ inline Value append(Op op, std::initializer_list<Value> inputs, Attrs attrs = No
       fail(errc::argument, std::string(op_name(op)) + ": inputs belong to different graphs");
     ids.push_back(v.id);
   }
-  return g->append(op, std::move(ids), std::move(attrs));
+  return kiln::append(*g, op, std::move(ids), std::move(attrs));
 }
 } // namespace detail
 
-inline Value add(Value a, Value b) { return detail::append(Op::Add, {a, b}); }
-inline Value sub(Value a, Value b) { return detail::append(Op::Sub, {a, b}); }
-inline Value mul(Value a, Value b) { return detail::append(Op::Mul, {a, b}); }
-inline Value div(Value a, Value b) { return detail::append(Op::Div, {a, b}); }
-inline Value neg(Value x) { return detail::append(Op::Neg, {x}); }
-inline Value relu(Value x) { return detail::append(Op::Relu, {x}); }
-inline Value relu_grad(Value y, Value dy) { return detail::append(Op::ReluGrad, {y, dy}); }
-inline Value exp(Value x) { return detail::append(Op::Exp, {x}); }
-inline Value log(Value x) { return detail::append(Op::Log, {x}); }
-inline Value sqrt(Value x) { return detail::append(Op::Sqrt, {x}); }
-inline Value rsqrt(Value x) { return detail::append(Op::Rsqrt, {x}); }
-inline Value square(Value x) { return detail::append(Op::Square, {x}); }
+inline Value add(Value a, Value b) { return detail::append_values(Op::Add, {a, b}); }
+inline Value sub(Value a, Value b) { return detail::append_values(Op::Sub, {a, b}); }
+inline Value mul(Value a, Value b) { return detail::append_values(Op::Mul, {a, b}); }
+inline Value div(Value a, Value b) { return detail::append_values(Op::Div, {a, b}); }
+inline Value neg(Value x) { return detail::append_values(Op::Neg, {x}); }
+inline Value relu(Value x) { return detail::append_values(Op::Relu, {x}); }
+inline Value relu_grad(Value y, Value dy) { return detail::append_values(Op::ReluGrad, {y, dy}); }
+inline Value exp(Value x) { return detail::append_values(Op::Exp, {x}); }
+inline Value log(Value x) { return detail::append_values(Op::Log, {x}); }
+inline Value sqrt(Value x) { return detail::append_values(Op::Sqrt, {x}); }
+inline Value rsqrt(Value x) { return detail::append_values(Op::Rsqrt, {x}); }
+inline Value square(Value x) { return detail::append_values(Op::Square, {x}); }
 inline Value mul_scalar(Value x, float s) {
-  return detail::append(Op::MulScalar, {x}, ScalarAttrs{s});
+  return detail::append_values(Op::MulScalar, {x}, ScalarAttrs{s});
 }
 inline Value add_scalar(Value x, float s) {
-  return detail::append(Op::AddScalar, {x}, ScalarAttrs{s});
+  return detail::append_values(Op::AddScalar, {x}, ScalarAttrs{s});
 }
 inline Value broadcast_to(Value x, Shape shape) {
   if (x.shape() == shape) return x;
-  return detail::append(Op::BroadcastTo, {x}, ShapeAttrs{shape});
+  return detail::append_values(Op::BroadcastTo, {x}, ShapeAttrs{shape});
 }
 inline Value dropout_mask(Graph& g, Shape shape, float p, std::uint64_t seed) {
-  return g.append(Op::DropoutMask, {}, DropoutAttrs{p, seed, shape});
+  return append(g, Op::DropoutMask, {}, DropoutAttrs{p, seed, shape});
 }
 
 } // namespace kiln

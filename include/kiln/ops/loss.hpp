@@ -78,9 +78,9 @@ template <> struct OpDef<Op::SoftmaxCrossEntropyWithGrad> : OpDefaults {
   static constexpr GradFn grad = nullptr;
 };
 
-inline Value log_softmax(Value x) { return x.graph->append(Op::LogSoftmax, {x.id}); }
+inline Value log_softmax(Value x) { return append(*x.graph, Op::LogSoftmax, {x.id}); }
 inline Value log_softmax_grad(Value y, Value dy) {
-  return y.graph->append(Op::LogSoftmaxGrad, {y.id, dy.id});
+  return append(*y.graph, Op::LogSoftmaxGrad, {y.id, dy.id});
 }
 
 /// The mean cross-entropy of softmax(logits) against integer class labels. When `labels`
@@ -88,14 +88,14 @@ inline Value log_softmax_grad(Value y, Value dy) {
 inline Value softmax_cross_entropy(Value logits, Value labels) {
   if (!logits.valid() || !labels.valid() || logits.graph != labels.graph)
     fail(errc::argument, "softmax_cross_entropy: values must belong to one graph");
-  Value loss = logits.graph->append(Op::SoftmaxCrossEntropy, {logits.id, labels.id});
+  Value loss = append(*logits.graph, Op::SoftmaxCrossEntropy, {logits.id, labels.id});
   Node& label_node = labels.graph->node(labels.id);
   if (auto* in = std::get_if<InputAttrs>(&label_node.attrs)) in->label_classes = logits.shape()[1];
   return loss;
 }
 
 inline Value softmax_cross_entropy_grad(Value logits, Value labels, Value dloss) {
-  return logits.graph->append(Op::SoftmaxCrossEntropyGrad, {logits.id, labels.id, dloss.id});
+  return append(*logits.graph, Op::SoftmaxCrossEntropyGrad, {logits.id, labels.id, dloss.id});
 }
 
 } // namespace kiln

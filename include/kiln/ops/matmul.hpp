@@ -57,7 +57,7 @@ template <> struct OpDef<Op::MatMul> : OpDefaults {
 inline Value matmul(Value a, Value b, bool transpose_a, bool transpose_b) {
   if (!a.valid() || !b.valid() || a.graph != b.graph)
     fail(errc::argument, "matmul: values must belong to one graph");
-  return a.graph->append(Op::MatMul, {a.id, b.id}, MatMulAttrs{transpose_a, transpose_b});
+  return append(*a.graph, Op::MatMul, {a.id, b.id}, MatMulAttrs{transpose_a, transpose_b});
 }
 
 } // namespace kiln

@@ -10,7 +10,7 @@
 
 #include "kiln/core/error.hpp"
 #include "kiln/ir/graph.hpp"
-#include "kiln/ops/op_list.hpp"
+#include "kiln/ir/op_list.hpp"
 
 namespace kiln {
 

@@ -110,16 +110,16 @@ template <> struct OpDef<Op::AvgPool2dGrad> : OpDefaults {
 };
 
 inline Value max_pool2d(Value x, Pool2dOptions options) {
-  return x.graph->append(Op::MaxPool2d, {x.id}, detail::pool_attrs(x, options));
+  return append(*x.graph, Op::MaxPool2d, {x.id}, detail::pool_attrs(x, options));
 }
 inline Value max_pool2d_grad(Value x, Value dy, const Pool2dAttrs& attrs) {
-  return x.graph->append(Op::MaxPool2dGrad, {x.id, dy.id}, attrs);
+  return append(*x.graph, Op::MaxPool2dGrad, {x.id, dy.id}, attrs);
 }
 inline Value avg_pool2d(Value x, Pool2dOptions options) {
-  return x.graph->append(Op::AvgPool2d, {x.id}, detail::pool_attrs(x, options));
+  return append(*x.graph, Op::AvgPool2d, {x.id}, detail::pool_attrs(x, options));
 }
 inline Value avg_pool2d_grad(Value dy, const Pool2dAttrs& attrs) {
-  return dy.graph->append(Op::AvgPool2dGrad, {dy.id}, attrs);
+  return append(*dy.graph, Op::AvgPool2dGrad, {dy.id}, attrs);
 }
 
 /// [N,C,H,W] -> [N,C]: the mean over each plane, built from sum_to and a scale.

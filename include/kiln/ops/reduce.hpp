@@ -31,7 +31,8 @@ inline Value sum_to(Value x, Shape shape) {
   if (!broadcasts_to(shape, from))
     fail(errc::shape, "sum_to: %" + std::to_string(x.id) + ":" + from.str() +
                           " cannot be summed to " + shape.str());
-  const Value summed = x.graph->append(Op::SumTo, {x.id}, ShapeAttrs{pad_rank(shape, from.rank())});
+  const Value summed =
+      append(*x.graph, Op::SumTo, {x.id}, ShapeAttrs{pad_rank(shape, from.rank())});
   return reshape(summed, shape);
 }
 
@@ -39,7 +40,7 @@ inline Value sum_to(Value x, Shape shape) {
 inline Value sum(Value x) {
   Shape ones;
   for (int i = 0; i < x.shape().rank(); ++i) ones.push_back(1);
-  return reshape(x.graph->append(Op::SumTo, {x.id}, ShapeAttrs{ones}), Shape{});
+  return reshape(append(*x.graph, Op::SumTo, {x.id}, ShapeAttrs{ones}), Shape{});
 }
 
 /// Mean of all elements, as a scalar (rank 0).

@@ -48,6 +48,8 @@ inline const OpInfo& op_info(Op op) {
   return table[op_index(op)];
 }
 
+/// The output type of a node of `op` about to be added as node `id`, from the op's definition;
+/// throws kiln::Error naming the node.
 inline TensorType infer_type(const Graph& graph, ValueId id, Op op,
                              const std::vector<ValueId>& inputs, const Attrs& attrs) {
   const InferContext ctx{graph, id, op, inputs, attrs};
@@ -56,6 +58,16 @@ inline TensorType infer_type(const Graph& graph, ValueId id, Op op,
     ctx.fail(errc::arity,
              "takes " + std::to_string(info.arity) + " inputs, got " + std::to_string(ctx.arity()));
   return info.infer(ctx);
+}
+
+inline Value append(Graph& g, Op op, std::vector<ValueId> inputs, Attrs attrs) {
+  const ValueId id = g.size();
+  for (ValueId in : inputs)
+    if (in < 0 || in >= id)
+      fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(op)) +
+                            ": input %" + std::to_string(in) + " does not exist");
+  TensorType type = infer_type(g, id, op, inputs, attrs);
+  return g.push(Node{op, std::move(inputs), std::move(attrs), type});
 }
 
 } // namespace kiln

@@ -104,7 +104,7 @@ inline Value reshape(Value x, Shape shape) {
   }
   if (inferred >= 0) shape[inferred] = known > 0 ? x.shape().numel() / known : 0;
   if (x.shape() == shape) return x;
-  return x.graph->append(Op::Reshape, {x.id}, ShapeAttrs{shape});
+  return append(*x.graph, Op::Reshape, {x.id}, ShapeAttrs{shape});
 }
 
 /// Permutes x's axes; the identity permutation returns x itself.
@@ -113,7 +113,7 @@ inline Value transpose(Value x, std::vector<int> perm) {
   for (std::size_t i = 0; identity && i < perm.size(); ++i)
     identity = perm[i] == static_cast<int>(i);
   if (identity) return x;
-  return x.graph->append(Op::Transpose, {x.id}, TransposeAttrs{std::move(perm)});
+  return append(*x.graph, Op::Transpose, {x.id}, TransposeAttrs{std::move(perm)});
 }
 
 /// [N, ...] -> [N, rest].

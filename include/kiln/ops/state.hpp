@@ -52,13 +52,13 @@ template <> struct OpDef<Op::Assign> : OpDefaults {
 };
 
 inline Value fill(Graph& g, Shape shape, float value) {
-  return g.append(Op::Fill, {}, FillAttrs{value, shape});
+  return append(g, Op::Fill, {}, FillAttrs{value, shape});
 }
 
 inline Value assign(Value target, Value new_value) {
   if (!target.valid() || !new_value.valid() || target.graph != new_value.graph)
     fail(errc::argument, "assign: values must belong to one graph");
-  return target.graph->append(Op::Assign, {target.id, new_value.id});
+  return append(*target.graph, Op::Assign, {target.id, new_value.id});
 }
 
 } // namespace kiln

@@ -54,19 +54,29 @@ inline std::array<ValueId, 2> activation_ports(const Node& n, ValueId id) {
   return {n.inputs[0], id};
 }
 
-/// Whether a channels-last kernel exists for this convolution (see ops/conv.hpp).
-inline bool has_channels_last_kernel(const Graph& g, const Node& n) {
+/// Whether the target has a kernel for the channels-last form of this convolution: its
+/// activations NHWC, its weight pre-packed (the weight gradient stays OIHW).
+inline bool has_channels_last_kernel(const Target& target, const Graph& g, const Node& n) {
   const auto& a = std::get<Conv2dAttrs>(n.attrs);
-  if (a.channels_last || !a.epilogue.empty()) return false;
-  switch (n.op) {
-  case Op::Conv2d:
-    return g.node(n.inputs[1]).type.shape[0] % channels_last_multiple == 0;
-  case Op::Conv2dGradInput:
-    return n.type.shape[1] % channels_last_multiple == 0 && a.stride_h == 1 && a.stride_w == 1 &&
-           a.pad_h < a.kernel_h && a.pad_w < a.kernel_w;
-  default:
-    return n.type.shape[0] % channels_last_multiple == 0;
+  if (target.channels_last_multiple == 0 || a.channels_last || !a.epilogue.empty()) return false;
+  Attrs attrs = n.attrs;
+  std::get<Conv2dAttrs>(attrs).channels_last = true;
+  const auto type = [&](ValueId v) { return g.node(v).type; };
+  const auto nhwc = [](TensorType t) {
+    t.shape = permuted(t.shape, nchw_to_nhwc);
+    return t;
+  };
+  std::array<TensorType, 2> in{nhwc(type(n.inputs[0])), type(n.inputs[1])};
+  TensorType out = n.type;
+  if (n.op == Op::Conv2dGradWeight) {
+    in[1] = nhwc(in[1]);
+  } else {
+    in[1].shape =
+        permuted(in[1].shape, n.op == Op::Conv2d ? std::span<const int>(forward_weight_pack)
+                                                 : std::span<const int>(backward_weight_pack));
+    out = nhwc(out);
   }
+  return target.runs(KernelQuery{n.op, &attrs, in, out});
 }
 
 /// What the channels-last kernel of a convolution saves: its NCHW kernel's column matrix.
@@ -135,7 +145,8 @@ inline PassResult choose_layouts(Graph& g, PassContext& ctx) {
       for (ValueId in : n.inputs)
         if (joins(g, n, in)) groups.join(in, id);
     }
-    if (is_conv(n.op)) eligible[static_cast<std::size_t>(id)] = has_channels_last_kernel(g, n);
+    if (is_conv(n.op))
+      eligible[static_cast<std::size_t>(id)] = has_channels_last_kernel(ctx.target, g, n);
   }
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& n = g.node(id);
@@ -237,10 +248,10 @@ inline PassResult choose_layouts(Graph& g, PassContext& ctx) {
   const auto reorder = [&](ValueId of, ValueId from, std::span<const int> perm,
                            const char* from_name, const char* to_name, const std::string& why) {
     const Shape& s = out.node(from).type.shape;
-    if (is_free(s, perm)) return out.append(Op::Reshape, {from}, ShapeAttrs{permuted(s, perm)}).id;
+    if (is_free(s, perm)) return append(out, Op::Reshape, {from}, ShapeAttrs{permuted(s, perm)}).id;
     ctx.report.transforms.push_back({of, from_name, to_name, s.numel(), why});
     result.count("reorders");
-    return out.append(Op::Transpose, {from}, TransposeAttrs{{perm.begin(), perm.end()}}).id;
+    return append(out, Op::Transpose, {from}, TransposeAttrs{{perm.begin(), perm.end()}}).id;
   };
   const auto reader = [&](ValueId c) {
     return "read by " + std::string(op_name(g.node(c).op)) + " %" + std::to_string(c);
@@ -264,7 +275,7 @@ inline PassResult choose_layouts(Graph& g, PassContext& ctx) {
     if (s.rank() < 4) {
       std::vector<std::int64_t> dims(static_cast<std::size_t>(4 - s.rank()), 1);
       dims.insert(dims.end(), s.begin(), s.end());
-      id = out.append(Op::Reshape, {id}, ShapeAttrs{Shape(dims.begin(), dims.end())}).id;
+      id = append(out, Op::Reshape, {id}, ShapeAttrs{Shape(dims.begin(), dims.end())}).id;
     }
     return reorder(v, id, nchw_to_nhwc, "NCHW", "NHWC", reader(c));
   };
@@ -292,7 +303,7 @@ inline PassResult choose_layouts(Graph& g, PassContext& ctx) {
       if (auto* pool = std::get_if<Pool2dAttrs>(&attrs)) pool->channels_last = true;
       if (auto* target = std::get_if<ShapeAttrs>(&attrs)) // broadcast_to
         target->shape = permuted(target->shape, nchw_to_nhwc);
-      as_nhwc[at] = out.append(n.op, std::move(inputs), std::move(attrs)).id;
+      as_nhwc[at] = append(out, n.op, std::move(inputs), std::move(attrs)).id;
       continue;
     }
     if (eligible[at]) {
@@ -303,7 +314,7 @@ inline PassResult choose_layouts(Graph& g, PassContext& ctx) {
         inputs.push_back(nhwc_of(n.inputs[1], reader(id)));
       else
         inputs.push_back(packed_weight(n.inputs[1], id, n.op == Op::Conv2d));
-      const ValueId made = out.append(n.op, std::move(inputs), attrs).id;
+      const ValueId made = append(out, n.op, std::move(inputs), attrs).id;
       (n.op == Op::Conv2dGradWeight ? as_nchw : as_nhwc)[at] = made;
       result.count("channels_last_convs");
       continue;
@@ -314,7 +325,7 @@ inline PassResult choose_layouts(Graph& g, PassContext& ctx) {
       // Summing an NHWC value: sum in NHWC, then view the result as the NCHW shape.
       const Shape to = permuted(std::get<ShapeAttrs>(n.attrs).shape, nchw_to_nhwc);
       const ValueId summed =
-          out.append(Op::SumTo, {as_nhwc[static_cast<std::size_t>(in0)]}, ShapeAttrs{to}).id;
+          append(out, Op::SumTo, {as_nhwc[static_cast<std::size_t>(in0)]}, ShapeAttrs{to}).id;
       as_nchw[at] = reorder(id, summed, nhwc_to_nchw, "NHWC", "NCHW", reader(id));
       continue;
     }

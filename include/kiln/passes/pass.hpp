@@ -15,7 +15,9 @@
 
 #include "kiln/ir/graph.hpp"
 #include "kiln/ir/printer.hpp"
-#include "kiln/ir/verifier.hpp"
+#include "kiln/ops/verifier.hpp"
+#include "kiln/passes/report.hpp"
+#include "kiln/passes/target.hpp"
 
 namespace kiln {
 
@@ -35,97 +37,6 @@ struct PassResult {
   }
 };
 
-/// One line of the compile report.
-struct PassRecord {
-  std::string name;
-  bool ran = false; ///< false when disabled
-  bool changed = false;
-  std::int32_t nodes_before = 0, nodes_after = 0;
-  std::vector<std::pair<std::string, std::int64_t>> stats;
-  double milliseconds = 0.0;
-};
-
-/// Why the fusion pass did or did not merge a producer into a consumer (stable codes).
-enum class FusionReason : std::uint8_t {
-  fused,                ///< merged into the consumer's kernel
-  several_consumers,    ///< its value is also read elsewhere: fusing would compute it twice
-  graph_output,         ///< the user reads it after the run
-  would_duplicate_work, ///< it is broadcast into a larger consumer: fusing recomputes it per
-                        ///< element
-  not_fusable,          ///< the producer is not an elementwise op (anchor, reduction, source)
-  too_many_inputs,      ///< the fused kernel would read more tensors than a kernel takes
-  consumer_taken,       ///< the consumer already carries another anchor's epilogue
-  state_hazard,         ///< moving the anchor to its consumer would read an updated param
-  read_too_early,       ///< the producer's value is read before the consumer runs
-};
-
-constexpr std::string_view fusion_reason_name(FusionReason r) {
-  constexpr std::string_view names[] = {
-      "fused",           "several_consumers", "graph_output", "would_duplicate_work", "not_fusable",
-      "too_many_inputs", "consumer_taken",    "state_hazard", "read_too_early"};
-  return names[static_cast<std::size_t>(r)];
-}
-
-/// One fusion decision of one pass, in terms of the graph that pass saw (its text form, as
-/// dumped before the pass, names them).
-struct FusionDecision {
-  ValueId producer = -1;
-  ValueId consumer = -1;
-  std::string producer_op, consumer_op;
-  FusionReason reason = FusionReason::fused;
-  std::string pass{};
-};
-
-/// Why the layout pass stored a group of activations the way it did (stable codes).
-enum class LayoutReason : std::uint8_t {
-  channels_last,      ///< its convolutions read NHWC in place; that saves more than the reorders
-                      ///< at the group's edges cost
-  reorders_cost_more, ///< the reorders at its edges would cost more than its convolutions save
-  not_eligible,       ///< none of its convolutions has a channels-last kernel for its shape
-};
-
-constexpr std::string_view layout_reason_name(LayoutReason r) {
-  constexpr std::string_view names[] = {"channels_last", "reorders_cost_more", "not_eligible"};
-  return names[static_cast<std::size_t>(r)];
-}
-
-/// The layout chosen for one group of activations that must share a layout (joined by
-/// elementwise ops and pools), which convolutions read or write. Bytes are estimates of the
-/// memory traffic the choice saves (the column matrices of the group's convolutions) and
-/// costs (the reorders at its edges).
-struct LayoutDecision {
-  std::vector<ValueId> values; ///< in the graph the layout pass saw
-  std::string layout;          ///< "NHWC" or "NCHW"
-  LayoutReason reason = LayoutReason::not_eligible;
-  std::int64_t saved_bytes = 0, reorder_bytes = 0;
-};
-
-/// One reorder the layout pass inserted: `of` (a value of the graph it saw) from one layout
-/// to another, and why.
-struct LayoutTransform {
-  ValueId of = -1;
-  std::string from, to;
-  std::int64_t elements = 0;
-  std::string why;
-};
-
-/// Everything compilation learned: per pass records and fusion decisions.
-struct CompileReport {
-  std::vector<PassRecord> passes;
-  std::vector<FusionDecision> fusion;
-  std::vector<LayoutDecision> layouts;
-  std::vector<LayoutTransform> transforms;
-  /// The graph as lowered, after every pass (draw it with to_dot, print it with to_text).
-  std::shared_ptr<const Graph> optimised;
-
-  /// The record of pass `name`, or nullptr.
-  [[nodiscard]] const PassRecord* pass(std::string_view name) const {
-    for (const PassRecord& p : passes)
-      if (p.name == name) return &p;
-    return nullptr;
-  }
-};
-
 /// What passes share during one compilation.
 struct PassContext {
   std::set<std::string, std::less<>> disabled; ///< pass names to skip
@@ -135,6 +46,8 @@ struct PassContext {
 #else
   bool verify_each_pass = true; ///< debug builds check the graph after every pass
 #endif
+  /// The device compiled for; passes that depend on it (layout) read it here.
+  Target target;
   CompileReport report;
 
   [[nodiscard]] bool enabled(std::string_view name) const { return !disabled.contains(name); }

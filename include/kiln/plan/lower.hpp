@@ -6,13 +6,11 @@
 #include <string>
 #include <vector>
 
-#include <oneapi/tbb/info.h>
-
-#include "kiln/ir/verifier.hpp"
 #include "kiln/ops/registry.hpp"
+#include "kiln/ops/verifier.hpp"
+#include "kiln/plan/backend.hpp"
 #include "kiln/plan/memory_planner.hpp"
 #include "kiln/plan/plan.hpp"
-#include "kiln/runtime/backend.hpp"
 
 namespace kiln {
 
@@ -143,10 +141,8 @@ inline std::size_t unshared_bytes(const Graph& g) {
 inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& options = {}) {
   verify(g);
   Plan plan;
-  plan.backend = backend.name;
-  plan.target = backend.target ? backend.target() : "";
-  plan.peak_gflops = backend.peak_gflops;
-  plan.threads = options.threads > 0 ? options.threads : tbb::info::default_concurrency();
+  plan.target = backend.target();
+  plan.threads = options.threads > 0 ? options.threads : plan.target.default_threads;
   const auto n = static_cast<std::size_t>(g.size());
 
   // Storage roots: a view or an assign shares the memory of what it aliases, a part view
@@ -238,6 +234,7 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
     offset_of[static_cast<std::size_t>(request_root[i])] = memory.offsets[i];
 
   plan.values.resize(n);
+  std::vector<std::size_t> param_index(n, 0);
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& node = g.node(id);
     const ValueId r = root[static_cast<std::size_t>(id)];
@@ -245,10 +242,13 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
     b.shape = node.type.shape;
     b.dtype = node.type.dtype;
     if (const auto* p = std::get_if<ParamAttrs>(&g.node(r).attrs)) {
+      if (id == r) {
+        param_index[static_cast<std::size_t>(r)] = plan.params.size();
+        plan.params.push_back(p->tensor);
+      }
       b.storage = BufferRef::Storage::param;
-      b.tensor = p->tensor.get();
+      b.param = param_index[static_cast<std::size_t>(r)];
       b.offset = view_offset[static_cast<std::size_t>(id)];
-      if (id == r) plan.params.push_back(p->tensor);
     } else {
       b.storage = BufferRef::Storage::arena;
       b.offset = offset_of[static_cast<std::size_t>(r)] + view_offset[static_cast<std::size_t>(id)];
@@ -263,26 +263,32 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
     PlanStep step;
     step.op = node.op;
     step.node = id;
-    step.kernel = backend.kernel(node.op);
-    if (!step.kernel)
-      fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(node.op)) +
-                            ": backend " + backend.name + " has no kernel for it");
     step.num_inputs = static_cast<int>(node.inputs.size());
-    KernelArgs shapes;
-    shapes.num_inputs = step.num_inputs;
+    std::array<TensorType, max_op_inputs> input_types{};
     for (int i = 0; i < step.num_inputs; ++i) {
-      step.inputs[static_cast<std::size_t>(i)] =
-          plan.values[static_cast<std::size_t>(node.inputs[static_cast<std::size_t>(i)])];
-      shapes.in[static_cast<std::size_t>(i)] =
-          TensorView{nullptr, step.inputs[static_cast<std::size_t>(i)].shape,
-                     step.inputs[static_cast<std::size_t>(i)].dtype};
+      const auto at = static_cast<std::size_t>(i);
+      step.inputs[at] = plan.values[static_cast<std::size_t>(node.inputs[at])];
+      input_types[at] = TensorType{step.inputs[at].shape, step.inputs[at].dtype};
     }
     step.output = plan.values[static_cast<std::size_t>(id)];
     step.attrs = node.attrs;
-    shapes.out = TensorView{nullptr, step.output.shape, step.output.dtype};
-    shapes.attrs = &step.attrs;
-    step.workspace_per_thread = align_up(backend.workspace_per_thread(node.op, shapes));
-    plan.workspace_per_thread = std::max(plan.workspace_per_thread, step.workspace_per_thread);
+    const KernelQuery query{
+        node.op, &step.attrs,
+        std::span<const TensorType>(input_types.data(), static_cast<std::size_t>(step.num_inputs)),
+        node.type};
+    KernelChoice choice = backend.select(query);
+    if (!choice.kernel) {
+      std::string inputs;
+      for (ValueId in : node.inputs)
+        inputs +=
+            (inputs.empty() ? "%" : ", %") + std::to_string(in) + ":" + type_text(g.node(in).type);
+      fail(errc::no_kernel, node_text(g, id) + " (inputs " + inputs + "): backend " +
+                                plan.target.backend + " has no kernel for it: " + choice.name);
+    }
+    step.kernel = choice.kernel;
+    step.kernel_name = std::move(choice.name);
+    step.workspace_per_worker = align_up(choice.workspace_per_worker);
+    plan.workspace_per_worker = std::max(plan.workspace_per_worker, step.workspace_per_worker);
     plan.steps.push_back(std::move(step));
   }
   plan.outputs = g.outputs();

@@ -7,10 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/tensor.hpp"
 #include "kiln/ir/graph.hpp"
+#include "kiln/passes/target.hpp"
+#include "kiln/plan/backend.hpp"
 #include "kiln/plan/memory_planner.hpp"
-#include "kiln/runtime/kernel_args.hpp"
-#include "kiln/runtime/tensor.hpp"
 
 namespace kiln {
 
@@ -18,8 +19,8 @@ namespace kiln {
 struct BufferRef {
   enum class Storage : std::uint8_t { none, arena, param };
   Storage storage = Storage::none;
-  std::size_t offset = 0;   ///< bytes into the arena, or into the param (a part view of it)
-  Tensor* tensor = nullptr; ///< for Storage::param
+  std::size_t offset = 0; ///< bytes into the arena, or into the param (a part view of it)
+  std::size_t param = 0;  ///< for Storage::param: the index in Plan::params
   Shape shape;
   DType dtype = DType::f32;
 };
@@ -29,11 +30,12 @@ struct PlanStep {
   Op op = Op::Input;
   ValueId node = -1;
   KernelFn kernel = nullptr;
+  std::string kernel_name; ///< the variant the backend chose, e.g. "conv2d.shifted_rows"
   int num_inputs = 0;
   std::array<BufferRef, KernelArgs::max_inputs> inputs{};
   BufferRef output;
   Attrs attrs;
-  std::size_t workspace_per_thread = 0;
+  std::size_t workspace_per_worker = 0;
 };
 
 /// A graph input the user feeds before each run.
@@ -52,21 +54,18 @@ struct Plan {
   std::vector<ValueId> outputs;          ///< graph outputs, as numbered in the lowered graph
   std::vector<ValueId> output_origins;   ///< the same outputs as numbered in the user's graph
   std::int32_t assigns_in_place = 0;     ///< parameter updates written straight into the parameter
-  std::int32_t activations_in_place = 0; ///< elementwise steps writing over a dying input
-  std::vector<std::shared_ptr<Tensor>> params; ///< kept alive while the plan exists
+  std::int32_t activations_in_place = 0; ///< steps writing over a dying input
+  std::vector<std::shared_ptr<Tensor>> params; ///< the host tensors of every param it reads
   std::vector<BufferRequest> buffers;          ///< every arena buffer with its lifetime in steps
   MemoryPlan memory; ///< their offsets, the arena size, the unshared total
   /// Every value of the graph as it was built, before any pass, in a buffer of its own: what
   /// an eager runtime without a memory pool would hold. Set by compile(); the yardstick
   /// for what fusion and planning save together (memory.naive_bytes is planning's alone).
   std::size_t unoptimised_bytes = 0;
-  std::size_t workspace_per_thread = 0;
+  std::size_t workspace_per_worker = 0;
   int threads = 1;
-  std::string backend;
-  std::string target;
-  /// The backend's FP32 multiply-add peak on this many threads, measured when called
-  /// (Backend::peak_gflops); null when the backend cannot measure it.
-  double (*peak_gflops)(int threads) = nullptr;
+  /// The device the plan was lowered for: its backend, ISA, and how to measure its peak.
+  Target target;
 };
 
 } // namespace kiln

@@ -1,16 +1,16 @@
-// Executor: runs a Plan. Owns the arena and scratch memory; each step is one indirect call.
+// Executor: runs a Plan on a backend's device. Owns the arena and scratch memory there; each
+// step is one kernel call the device makes.
 #pragma once
 
-#include <chrono>
-#include <cstring>
+#include <cstddef>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include <oneapi/tbb/task_arena.h>
-
-#include "kiln/passes/pass.hpp"
+#include "kiln/passes/report.hpp"
+#include "kiln/plan/backend.hpp"
 #include "kiln/plan/plan.hpp"
 
 namespace kiln {
@@ -22,15 +22,45 @@ struct StepTime {
   double seconds = 0.0; ///< summed over profiled runs
 };
 
-/// Runs a compiled plan. Feed inputs with set_input, call run, read outputs.
+/// Memory from a Device, returned to it when this goes.
+class DeviceMemory {
+public:
+  DeviceMemory() = default;
+  DeviceMemory(Device& device, std::size_t bytes)
+      : device_(&device), data_(device.allocate(bytes)) {}
+  DeviceMemory(DeviceMemory&& other) noexcept
+      : device_(std::exchange(other.device_, nullptr)), data_(std::exchange(other.data_, nullptr)) {
+  }
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept {
+    std::swap(device_, other.device_);
+    std::swap(data_, other.data_);
+    return *this;
+  }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  ~DeviceMemory() {
+    if (data_) device_->free(data_);
+  }
+  [[nodiscard]] std::byte* get() const { return data_; }
+
+private:
+  Device* device_ = nullptr;
+  std::byte* data_ = nullptr;
+};
+
+/// Runs a compiled plan. Feed inputs with set_input, call run, read outputs. It talks to its
+/// device through the backend contract only, so it runs any backend's plans the same way.
 class Executor {
 public:
-  explicit Executor(Plan plan, CompileReport report = {})
-      : plan_(std::move(plan)), report_(std::move(report)),
-        arena_(detail::aligned_zeroed(plan_.memory.arena_bytes)),
-        workspace_(detail::aligned_zeroed(plan_.workspace_per_thread *
-                                          static_cast<std::size_t>(plan_.threads))),
-        threads_(std::make_unique<tbb::task_arena>(plan_.threads)) {
+  /// Opens a device of `backend` with the plan's worker count and places the arena, the
+  /// workspace and (on a device with memory of its own) a copy of every parameter there.
+  Executor(Plan plan, const Backend& backend, CompileReport report = {})
+      : plan_(std::move(plan)), report_(std::move(report)), device_(backend.open(plan_.threads)),
+        arena_(*device_, plan_.memory.arena_bytes),
+        workspace_(*device_,
+                   plan_.workspace_per_worker * static_cast<std::size_t>(device_->workers())) {
+    bind_params();
+    kernels_.reserve(plan_.steps.size());
     args_.reserve(plan_.steps.size());
     for (const PlanStep& s : plan_.steps) {
       KernelArgs a;
@@ -40,16 +70,18 @@ public:
       a.out = view(s.output);
       a.attrs = &s.attrs;
       a.workspace = workspace_.get();
-      a.workspace_per_thread = s.workspace_per_thread;
+      a.workspace_per_worker = s.workspace_per_worker;
+      kernels_.push_back(s.kernel);
       args_.push_back(a);
     }
     step_seconds_.assign(plan_.steps.size(), 0.0);
+    output_copies_.resize(plan_.outputs.size());
   }
 
   /// Copies `data` into the input called `name`; its size must match the input's shape.
   void set_input(const std::string& name, std::span<const float> data) {
     const PlanInput& in = find_input(name, DType::f32, data.size());
-    std::memcpy(view(in.buffer).data, data.data(), data.size_bytes());
+    device_->copy_in(address(in.buffer), data.data(), data.size_bytes());
   }
 
   /// Copies i32 `data` (e.g. labels) into the input `name`, checking label ranges.
@@ -61,40 +93,33 @@ public:
           fail(errc::label, "input '" + name + "': label " + std::to_string(data[i]) +
                                 " at index " + std::to_string(i) + " is outside [0, " +
                                 std::to_string(in.label_classes) + ")");
-    std::memcpy(view(in.buffer).data, data.data(), data.size_bytes());
+    device_->copy_in(address(in.buffer), data.data(), data.size_bytes());
   }
 
-  /// Runs every step once, on the plan's thread count.
+  /// Runs every step once, on the plan's worker count.
   void run() {
-    threads_->execute([&] {
-      if (profiling_) {
-        for (std::size_t i = 0; i < args_.size(); ++i) {
-          args_[i].run_counter = runs_;
-          const auto t0 = std::chrono::steady_clock::now();
-          plan_.steps[i].kernel(args_[i]);
-          step_seconds_[i] +=
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        }
-        ++profiled_runs_;
-      } else {
-        for (std::size_t i = 0; i < args_.size(); ++i) {
-          args_[i].run_counter = runs_;
-          plan_.steps[i].kernel(args_[i]);
-        }
-      }
-    });
+    for (KernelArgs& a : args_) a.run_counter = runs_;
+    device_->run(kernels_, args_,
+                 profiling_ ? std::span<double>(step_seconds_) : std::span<double>{});
+    if (profiling_) ++profiled_runs_;
     ++runs_;
   }
 
   /// The elements of graph output `id` (numbered as in the graph given to compile) after
-  /// the last run.
+  /// the last run; waits for the run to finish.
   [[nodiscard]] std::span<const float> output(ValueId id) const {
     for (std::size_t i = 0; i < plan_.output_origins.size(); ++i) {
       if (plan_.output_origins[i] != id) continue;
       const BufferRef& b = plan_.values[static_cast<std::size_t>(plan_.outputs[i])];
       if (b.dtype != DType::f32)
         fail(errc::dtype, "output: value %" + std::to_string(id) + " is not f32");
-      return {view(b).f32(), static_cast<std::size_t>(b.shape.numel())};
+      const auto count = static_cast<std::size_t>(b.shape.numel());
+      device_->synchronize();
+      if (device_->shares_host_memory()) return {reinterpret_cast<const float*>(address(b)), count};
+      std::vector<float>& copy = output_copies_[i];
+      copy.resize(count);
+      device_->copy_out(copy.data(), address(b), count * sizeof(float));
+      return copy;
     }
     fail(errc::not_found,
          "output: value %" + std::to_string(id) + " is not marked as a graph output");
@@ -102,6 +127,22 @@ public:
   [[nodiscard]] std::span<const float> output(Value v) const { return output(v.id); }
   /// The single element of a scalar output, e.g. the loss.
   [[nodiscard]] float scalar(Value v) const { return output(v.id)[0]; }
+
+  /// On a device with memory of its own, copies every parameter the plan updates back into
+  /// its host tensor (nothing to do where device memory is host memory).
+  void download_params() {
+    if (device_->shares_host_memory()) return;
+    device_->synchronize();
+    for (std::size_t i = 0; i < plan_.params.size(); ++i)
+      device_->copy_out(plan_.params[i]->data(), param_memory_[i], tensor_bytes(*plan_.params[i]));
+  }
+  /// On a device with memory of its own, copies the host tensors of every parameter to the
+  /// device again, after the host changed them (nothing to do where memory is shared).
+  void upload_params() {
+    if (device_->shares_host_memory()) return;
+    for (std::size_t i = 0; i < plan_.params.size(); ++i)
+      device_->copy_in(param_memory_[i], plan_.params[i]->data(), tensor_bytes(*plan_.params[i]));
+  }
 
   /// Turns per-step timing on or off (off by default: timing costs a clock read per step).
   void set_profiling(bool on) { profiling_ = on; }
@@ -118,13 +159,34 @@ public:
   /// What compilation did: every pass with its statistics, every fusion decision.
   [[nodiscard]] const CompileReport& report() const { return report_; }
   [[nodiscard]] std::uint64_t runs() const { return runs_; }
+  /// The device the plan runs on: its clock, its synchronisation.
+  [[nodiscard]] Device& device() const { return *device_; }
 
 private:
+  static std::size_t tensor_bytes(const Tensor& t) {
+    return static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype());
+  }
+
+  /// Where each parameter lives on the device: its host tensor where memory is shared,
+  /// else a device copy made here.
+  void bind_params() {
+    for (const std::shared_ptr<Tensor>& t : plan_.params) {
+      if (device_->shares_host_memory()) {
+        param_memory_.push_back(static_cast<std::byte*>(t->data()));
+        continue;
+      }
+      param_copies_.emplace_back(*device_, tensor_bytes(*t));
+      param_memory_.push_back(param_copies_.back().get());
+      device_->copy_in(param_memory_.back(), t->data(), tensor_bytes(*t));
+    }
+  }
+
+  [[nodiscard]] std::byte* address(const BufferRef& b) const {
+    return (b.storage == BufferRef::Storage::param ? param_memory_[b.param] : arena_.get()) +
+           b.offset;
+  }
   [[nodiscard]] TensorView view(const BufferRef& b) const {
-    void* data = b.storage == BufferRef::Storage::param
-                     ? static_cast<void*>(static_cast<std::byte*>(b.tensor->data()) + b.offset)
-                     : static_cast<void*>(arena_.get() + b.offset);
-    return TensorView{data, b.shape, b.dtype};
+    return TensorView{address(b), b.shape, b.dtype};
   }
 
   const PlanInput& find_input(const std::string& name, DType dtype, std::size_t count) const {
@@ -144,11 +206,15 @@ private:
 
   Plan plan_;
   CompileReport report_;
-  std::unique_ptr<std::byte[], detail::AlignedFree> arena_;
-  std::unique_ptr<std::byte[], detail::AlignedFree> workspace_;
-  std::unique_ptr<tbb::task_arena> threads_;
+  std::unique_ptr<Device> device_; // before the memory it hands out, which goes first
+  DeviceMemory arena_;
+  DeviceMemory workspace_;
+  std::vector<DeviceMemory> param_copies_;
+  std::vector<std::byte*> param_memory_;
+  std::vector<KernelFn> kernels_;
   std::vector<KernelArgs> args_;
   std::vector<double> step_seconds_;
+  mutable std::vector<std::vector<float>> output_copies_;
   std::uint64_t runs_ = 0;
   std::uint64_t profiled_runs_ = 0;
   bool profiling_ = false;

@@ -3,13 +3,11 @@
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
-#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "kiln/ops/registry.hpp"
@@ -24,42 +22,20 @@ struct MachinePeak {
   double gbytes_per_s = 0.0; ///< bytes read plus written per second by a large copy
 };
 
-namespace detail {
-/// Bytes read plus written per second by `threads` threads each copying its own part of a
-/// 64 MiB buffer, far larger than the caches: the best of three passes.
-inline double copy_bandwidth(int threads) {
-  const int n = std::max(1, threads);
-  const std::size_t bytes = std::size_t{64} << 20, part = bytes / static_cast<std::size_t>(n);
-  std::vector<char> from(bytes, 1), to(bytes, 0);
-  double best = 0.0;
-  for (int pass = 0; pass < 3; ++pass) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> workers;
-    for (int t = 0; t < n; ++t) {
-      const std::size_t at = static_cast<std::size_t>(t) * part;
-      workers.emplace_back([&, at] { std::memcpy(to.data() + at, from.data() + at, part); });
-    }
-    for (std::thread& w : workers) w.join();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * static_cast<double>(part * static_cast<std::size_t>(n)) / s);
-  }
-  return best * 1e-9;
-}
-} // namespace detail
-
-/// The peak of the plan's backend on its thread count: measured on first use (about a
-/// quarter of a second), then remembered for the rest of the process. Call it before
-/// training to keep the measurement out of the timed steps.
+/// The peak of the plan's device on its thread count, as its target measures it: measured
+/// on first use (about a quarter of a second), then remembered for the rest of the process.
+/// Call it before training to keep the measurement out of the timed steps.
 inline MachinePeak machine_peak(const Plan& plan) {
   static std::mutex mutex;
-  static std::map<std::pair<int, double (*)(int)>, MachinePeak> measured;
+  static std::map<std::tuple<std::string, std::string, int>, MachinePeak> measured;
   const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(plan.threads, plan.peak_gflops);
+  const Target& target = plan.target;
+  const auto key = std::make_tuple(target.backend, target.isa, plan.threads);
   if (auto it = measured.find(key); it != measured.end()) return it->second;
   MachinePeak p;
   p.threads = plan.threads;
-  p.gflops = plan.peak_gflops ? plan.peak_gflops(plan.threads) : 0.0;
-  p.gbytes_per_s = detail::copy_bandwidth(plan.threads);
+  p.gflops = target.peak_gflops ? target.peak_gflops(plan.threads) : 0.0;
+  p.gbytes_per_s = target.copy_gbytes_per_s ? target.copy_gbytes_per_s(plan.threads) : 0.0;
   return measured[key] = p;
 }
 

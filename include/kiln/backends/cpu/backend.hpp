@@ -1,41 +1,127 @@
-// The CPU backend: Highway SIMD kernels (best target chosen at run time), oneTBB threads.
+// The CPU backend: Highway SIMD kernels (best target chosen at run time), oneTBB threads, host
+// memory. It implements the backend contract of plan/backend.hpp.
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include <oneapi/tbb/info.h>
+
+#include "kiln/backends/cpu/device.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
-#include "kiln/backends/cpu/workspace.hpp"
-#include "kiln/runtime/backend.hpp"
+#include "kiln/backends/cpu/variants.hpp"
+#include "kiln/plan/backend.hpp"
 
-namespace kiln {
+namespace kiln::cpu {
 
-namespace cpu {
+/// The first variant of the call's op in `table` that accepts it, with its scratch need.
+inline KernelChoice select(const KernelTable& table, const KernelQuery& query) {
+  const std::vector<KernelVariant>& variants = table.variants[op_index(query.op)];
+  for (const KernelVariant& v : variants)
+    if (!v.accepts || v.accepts(query))
+      return {v.run, v.workspace ? v.workspace(query) : 0, v.name};
+  if (variants.empty()) return {nullptr, 0, "the CPU has no kernel for this op"};
+  std::string names;
+  for (const KernelVariant& v : variants)
+    names += (names.empty() ? "" : ", ") + std::string(v.name);
+  return {nullptr, 0, "none of its kernels (" + names + ") takes these shapes and attributes"};
+}
+
+/// select() for a call whose arguments are already laid out (data pointers may be null), for
+/// tests and micro-benchmarks that call kernels directly.
+inline KernelChoice select(const KernelTable& table, Op op, const KernelArgs& args) {
+  std::array<TensorType, max_op_inputs> types{};
+  for (int i = 0; i < args.num_inputs; ++i) {
+    const TensorView& in = args.in[static_cast<std::size_t>(i)];
+    types[static_cast<std::size_t>(i)] = TensorType{in.shape, in.dtype};
+  }
+  return select(table, KernelQuery{op, args.attrs,
+                                   std::span<const TensorType>(
+                                       types.data(), static_cast<std::size_t>(args.num_inputs)),
+                                   TensorType{args.out.shape, args.out.dtype}});
+}
+
 /// Sum of the multiply-add rates of `threads` threads running the FMA loop at the same time.
-inline double peak_gflops(int threads) {
+inline double peak_gflops(const KernelTable& table, int threads) {
   const int n = std::max(1, threads);
   std::vector<double> rates(static_cast<std::size_t>(n));
   std::vector<std::thread> workers;
   for (int t = 0; t < n; ++t)
     workers.emplace_back(
-        [&rates, t] { rates[static_cast<std::size_t>(t)] = kernel_table().fma_gflops(0.05); });
+        [&rates, &table, t] { rates[static_cast<std::size_t>(t)] = table.fma_gflops(0.05); });
   for (std::thread& w : workers) w.join();
   return std::accumulate(rates.begin(), rates.end(), 0.0);
 }
-} // namespace cpu
+
+/// Bytes read plus written per second by `threads` threads each copying its own part of a
+/// 64 MiB buffer, far larger than the caches: the best of three passes, in GB/s.
+inline double copy_gbytes_per_s(int threads) {
+  const int n = std::max(1, threads);
+  const std::size_t bytes = std::size_t{64} << 20, part = bytes / static_cast<std::size_t>(n);
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  double best = 0.0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> workers;
+    for (int t = 0; t < n; ++t) {
+      const std::size_t at = static_cast<std::size_t>(t) * part;
+      workers.emplace_back([&, at] { std::memcpy(to.data() + at, from.data() + at, part); });
+    }
+    for (std::thread& w : workers) w.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * static_cast<double>(part * static_cast<std::size_t>(n)) / s);
+  }
+  return best * 1e-9;
+}
+
+/// The CPU backend over one kernel table: a fixed Highway target's (tests check every target
+/// this way), or, by default, the best target's, looked up at every selection so that Highway's
+/// target choice stays in force.
+class CpuBackend final : public Backend {
+public:
+  explicit CpuBackend(const KernelTable* table = nullptr) : table_(table) {
+    target_.backend = "cpu";
+    target_.isa = kernels().target_name;
+    target_.channels_last_multiple = channels_last_multiple;
+    target_.default_threads = tbb::info::default_concurrency();
+    target_.has_kernel = [this](const KernelQuery& q) { return select(q).kernel != nullptr; };
+    target_.peak_gflops = [this](int threads) { return peak_gflops(kernels(), threads); };
+    target_.copy_gbytes_per_s = &copy_gbytes_per_s;
+  }
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
+
+  [[nodiscard]] const Target& target() const override { return target_; }
+  [[nodiscard]] KernelChoice select(const KernelQuery& query) const override {
+    return cpu::select(kernels(), query);
+  }
+  [[nodiscard]] std::unique_ptr<Device> open(int workers) const override {
+    return std::make_unique<CpuDevice>(workers);
+  }
+
+private:
+  [[nodiscard]] const KernelTable& kernels() const { return table_ ? *table_ : kernel_table(); }
+
+  const KernelTable* table_;
+  Target target_;
+};
+
+} // namespace kiln::cpu
+
+namespace kiln {
 
 /// The CPU backend. Its kernels come from kiln/backends/cpu/implementation.hpp, which one
 /// .cpp file of the program must include.
-inline Backend cpu_backend() {
-  Backend b;
-  b.name = "cpu";
-  b.kernel = [](Op op) { return cpu::kernel_table().run[op_index(op)]; };
-  b.workspace_per_thread = &cpu::workspace_per_thread;
-  b.target = [] { return cpu::kernel_table().target_name; };
-  b.peak_gflops = &cpu::peak_gflops;
-  return b;
+inline const Backend& cpu_backend() {
+  static const cpu::CpuBackend backend;
+  return backend;
 }
 
 } // namespace kiln

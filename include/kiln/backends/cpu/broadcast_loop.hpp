@@ -6,8 +6,8 @@
 #include <span>
 
 #include "kiln/core/shape.hpp"
+#include "kiln/ir/op_list.hpp"
 #include "kiln/ops/broadcast.hpp"
-#include "kiln/ops/op_list.hpp"
 
 namespace kiln::cpu {
 

@@ -19,6 +19,7 @@
 #include "kiln/backends/cpu/float_runs-inl.hpp"
 #include "kiln/backends/cpu/gemm-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/variants.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -179,11 +180,7 @@ inline void Col2imAdd(const ConvGeometry& g, const float* HWY_RESTRICT dcol,
 /// over each image's output while it is in cache.
 inline void Conv2dKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2d, args);
-  const ConvLayout layout = conv_layout(Op::Conv2d, g);
-  if (conv_reads_shifted_rows(Op::Conv2d, g)) {
-    ConvShiftedRows(Op::Conv2d, args, g, layout);
-    return;
-  }
+  const ConvLayout layout = conv_layout(Op::Conv2d, g, ConvAlgorithm::columns);
   const float* x = args.in[0].f32();
   const float* w = args.in[1].f32();
   float* y = args.out.f32();
@@ -205,11 +202,7 @@ inline void Conv2dKernel(const KernelArgs& args) {
 /// epilogue (typically the previous relu's gradient mask) runs over each finished image.
 inline void Conv2dGradInputKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2dGradInput, args);
-  const ConvLayout layout = conv_layout(Op::Conv2dGradInput, g);
-  if (conv_reads_shifted_rows(Op::Conv2dGradInput, g)) {
-    ConvShiftedRows(Op::Conv2dGradInput, args, g, layout);
-    return;
-  }
+  const ConvLayout layout = conv_layout(Op::Conv2dGradInput, g, ConvAlgorithm::columns);
   const float* dy = args.in[0].f32();
   const float* w = args.in[1].f32();
   float* dx = args.out.f32();
@@ -253,11 +246,7 @@ inline double TileUse(std::size_t m, std::size_t n) {
 /// The epilogue (typically the optimizer update) runs over each block of the summed dW.
 inline void Conv2dGradWeightKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2dGradWeight, args);
-  const ConvLayout layout = conv_layout(Op::Conv2dGradWeight, g);
-  if (conv_reads_shifted_rows(Op::Conv2dGradWeight, g)) {
-    Conv2dGradWeightShiftedRows(args, g, layout);
-    return;
-  }
+  const ConvLayout layout = conv_layout(Op::Conv2dGradWeight, g, ConvAlgorithm::columns);
   const float* x = args.in[0].f32();
   const float* dy = args.in[1].f32();
   float* dw = args.out.f32();
@@ -293,10 +282,17 @@ inline void Conv2dGradWeightKernel(const KernelArgs& args) {
   partials.SumInto(dw, size, at, epilogue, layout.total);
 }
 
+/// Puts this target's column-matrix convolutions into the table.
 inline void RegisterConvKernels(KernelTable& table) {
-  table.run[op_index(Op::Conv2d)] = &Conv2dKernel;
-  table.run[op_index(Op::Conv2dGradInput)] = &Conv2dGradInputKernel;
-  table.run[op_index(Op::Conv2dGradWeight)] = &Conv2dGradWeightKernel;
+  using A = ConvAlgorithm;
+  table.add(Op::Conv2d, {"conv2d.columns", &Conv2dKernel, &conv_accepts<Op::Conv2d, A::columns>,
+                         &conv_workspace<Op::Conv2d, A::columns>});
+  table.add(Op::Conv2dGradInput, {"conv2d_grad_input.columns", &Conv2dGradInputKernel,
+                                  &conv_accepts<Op::Conv2dGradInput, A::columns>,
+                                  &conv_workspace<Op::Conv2dGradInput, A::columns>});
+  table.add(Op::Conv2dGradWeight, {"conv2d_grad_weight.columns", &Conv2dGradWeightKernel,
+                                   &conv_accepts<Op::Conv2dGradWeight, A::columns>,
+                                   &conv_workspace<Op::Conv2dGradWeight, A::columns>});
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

@@ -20,6 +20,7 @@
 #include "kiln/backends/cpu/conv-inl.hpp"
 #include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/variants.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -174,7 +175,7 @@ inline std::pair<const float*, std::size_t> HaloedImage(const float* image, std:
 /// images in parallel; the epilogue runs over each image's output while it is in cache.
 inline void Conv2dChannelsLastKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2d, args);
-  const ConvLayout layout = conv_layout(Op::Conv2d, g);
+  const ConvLayout layout = conv_layout(Op::Conv2d, g, ConvAlgorithm::channels_last);
   const ConvHalo halo = conv_halo(Op::Conv2d, g);
   const float* x = args.in[0].f32();
   const float* w = args.in[1].f32();
@@ -196,7 +197,7 @@ inline void Conv2dChannelsLastKernel(const KernelArgs& args) {
 /// by kernel - 1 - padding, with the flipped kernel, read from the [KH, KW, O, C] weight.
 inline void Conv2dGradInputChannelsLastKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2dGradInput, args);
-  const ConvLayout layout = conv_layout(Op::Conv2dGradInput, g);
+  const ConvLayout layout = conv_layout(Op::Conv2dGradInput, g, ConvAlgorithm::channels_last);
   const ConvHalo halo = conv_halo(Op::Conv2dGradInput, g);
   const float* dy = args.in[0].f32();
   const float* w = args.in[1].f32();
@@ -286,14 +287,14 @@ void WeightGradImage(const float* image, std::size_t width, const ConvGeometry& 
 /// then added up into the OIHW dW and the epilogue runs over each block of it.
 inline void Conv2dGradWeightChannelsLastKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2dGradWeight, args);
-  const ConvLayout layout = conv_layout(Op::Conv2dGradWeight, g);
+  const ConvLayout layout = conv_layout(Op::Conv2dGradWeight, g, ConvAlgorithm::channels_last);
   const ConvHalo halo = conv_halo(Op::Conv2dGradWeight, g);
   const float* x = args.in[0].f32();
   const float* dy = args.in[1].f32();
   float* dw = args.out.f32();
   const std::size_t size = g.o * g.ckk();
   const auto slices = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-  const std::size_t slice_floats = args.workspace_per_thread / sizeof(float);
+  const std::size_t slice_floats = args.workspace_per_worker / sizeof(float);
   const auto partial = [&](std::size_t t) {
     return reinterpret_cast<float*>(args.workspace) + t * slice_floats + layout.partial;
   };
@@ -328,23 +329,20 @@ inline void Conv2dGradWeightChannelsLastKernel(const KernelArgs& args) {
                     });
 }
 
-inline bool ChannelsLast(const KernelArgs& args) {
-  const auto* attrs = args.attrs ? std::get_if<Conv2dAttrs>(args.attrs) : nullptr;
-  return attrs != nullptr && attrs->channels_last;
-}
-
-/// Routes each convolution op to its channels-last kernel when its attributes ask for one;
-/// call after RegisterConvKernels.
+/// Puts this target's channels-last convolutions into the table.
 inline void RegisterChannelsLastConvKernels(KernelTable& table) {
-  table.run[op_index(Op::Conv2d)] = [](const KernelArgs& args) {
-    ChannelsLast(args) ? Conv2dChannelsLastKernel(args) : Conv2dKernel(args);
-  };
-  table.run[op_index(Op::Conv2dGradInput)] = [](const KernelArgs& args) {
-    ChannelsLast(args) ? Conv2dGradInputChannelsLastKernel(args) : Conv2dGradInputKernel(args);
-  };
-  table.run[op_index(Op::Conv2dGradWeight)] = [](const KernelArgs& args) {
-    ChannelsLast(args) ? Conv2dGradWeightChannelsLastKernel(args) : Conv2dGradWeightKernel(args);
-  };
+  using A = ConvAlgorithm;
+  table.add(Op::Conv2d, {"conv2d.channels_last", &Conv2dChannelsLastKernel,
+                         &conv_accepts<Op::Conv2d, A::channels_last>,
+                         &conv_workspace<Op::Conv2d, A::channels_last>});
+  table.add(Op::Conv2dGradInput,
+            {"conv2d_grad_input.channels_last", &Conv2dGradInputChannelsLastKernel,
+             &conv_accepts<Op::Conv2dGradInput, A::channels_last>,
+             &conv_workspace<Op::Conv2dGradInput, A::channels_last>});
+  table.add(Op::Conv2dGradWeight,
+            {"conv2d_grad_weight.channels_last", &Conv2dGradWeightChannelsLastKernel,
+             &conv_accepts<Op::Conv2dGradWeight, A::channels_last>,
+             &conv_workspace<Op::Conv2dGradWeight, A::channels_last>});
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

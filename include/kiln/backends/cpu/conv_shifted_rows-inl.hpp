@@ -19,6 +19,8 @@
 #include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/float_runs-inl.hpp"
 #include "kiln/backends/cpu/gemm-inl.hpp"
+#include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/variants.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -46,7 +48,7 @@ struct PartialWeightGradients {
 
   [[nodiscard]] float* slice(std::size_t t) const {
     return reinterpret_cast<float*>(args.workspace) +
-           t * (args.workspace_per_thread / sizeof(float)) + offset;
+           t * (args.workspace_per_worker / sizeof(float)) + offset;
   }
   void Zero(std::size_t size) const {
     for (std::size_t t = 0; t < slices; ++t) std::fill_n(slice(t), size * values, 0.0f);
@@ -292,6 +294,33 @@ inline void Conv2dGradWeightShiftedRows(const KernelArgs& args, const ConvGeomet
   const EpilogueRunner epilogue(args);
   partials.SumInto(
       dw, size, [](std::size_t i) { return i; }, epilogue, layout.total);
+}
+
+/// A convolution or either gradient over shifted rows of the padded image.
+template <Op op> void ConvShiftedRowsKernel(const KernelArgs& args) {
+  const ConvGeometry g = conv_geometry(op, args);
+  const ConvLayout layout = conv_layout(op, g, ConvAlgorithm::shifted_rows);
+  if constexpr (op == Op::Conv2dGradWeight) {
+    Conv2dGradWeightShiftedRows(args, g, layout);
+  } else {
+    ConvShiftedRows(op, args, g, layout);
+  }
+}
+
+/// Puts this target's shifted-rows convolutions into the table.
+inline void RegisterShiftedRowsConvKernels(KernelTable& table) {
+  using A = ConvAlgorithm;
+  table.add(Op::Conv2d, {"conv2d.shifted_rows", &ConvShiftedRowsKernel<Op::Conv2d>,
+                         &conv_accepts<Op::Conv2d, A::shifted_rows>,
+                         &conv_workspace<Op::Conv2d, A::shifted_rows>});
+  table.add(Op::Conv2dGradInput,
+            {"conv2d_grad_input.shifted_rows", &ConvShiftedRowsKernel<Op::Conv2dGradInput>,
+             &conv_accepts<Op::Conv2dGradInput, A::shifted_rows>,
+             &conv_workspace<Op::Conv2dGradInput, A::shifted_rows>});
+  table.add(Op::Conv2dGradWeight,
+            {"conv2d_grad_weight.shifted_rows", &ConvShiftedRowsKernel<Op::Conv2dGradWeight>,
+             &conv_accepts<Op::Conv2dGradWeight, A::shifted_rows>,
+             &conv_workspace<Op::Conv2dGradWeight, A::shifted_rows>});
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

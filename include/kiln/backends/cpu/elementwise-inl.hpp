@@ -21,6 +21,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "kiln/backends/cpu/broadcast_loop.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/variants.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 #include "kiln/core/rng.hpp"
 #include "kiln/ops/registry.hpp"
@@ -341,13 +342,14 @@ inline void DropoutMaskKernel(const KernelArgs& args) {
 inline void RegisterElementwiseKernels(KernelTable& table) {
 #define KILN_REGISTER_ELEMENTWISE(name, spelling)                                                  \
   if constexpr (OpDef<Op::name>::is_elementwise)                                                   \
-    table.run[op_index(Op::name)] = &ElementwiseKernel<Op::name>;
+    table.add(Op::name, {spelling, &ElementwiseKernel<Op::name>});
   KILN_OP_LIST(KILN_REGISTER_ELEMENTWISE)
 #undef KILN_REGISTER_ELEMENTWISE
-  table.run[op_index(Op::Fill)] = &FillKernel;
-  table.run[op_index(Op::Assign)] = &AssignKernel;
-  table.run[op_index(Op::DropoutMask)] = &DropoutMaskKernel;
-  table.run[op_index(Op::FusedElementwise)] = &FusedElementwiseKernel;
+  table.add(Op::Fill, {"fill", &FillKernel});
+  table.add(Op::Assign, {"assign", &AssignKernel});
+  table.add(Op::DropoutMask, {"dropout_mask", &DropoutMaskKernel});
+  table.add(Op::FusedElementwise,
+            {"fused_elementwise", &FusedElementwiseKernel, nullptr, &fused_workspace});
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

@@ -18,6 +18,7 @@
 
 #include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/variants.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -363,7 +364,7 @@ inline void MatMulKernel(const KernelArgs& args) {
 }
 
 inline void RegisterGemmKernels(KernelTable& table) {
-  table.run[op_index(Op::MatMul)] = &MatMulKernel;
+  table.add(Op::MatMul, {"matmul", &MatMulKernel, nullptr, &matmul_workspace});
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

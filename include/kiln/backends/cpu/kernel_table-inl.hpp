@@ -11,6 +11,7 @@
 
 #include "kiln/backends/cpu/conv-inl.hpp"
 #include "kiln/backends/cpu/conv_channels_last-inl.hpp"
+#include "kiln/backends/cpu/conv_shifted_rows-inl.hpp"
 #include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/gemm-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
@@ -31,6 +32,7 @@ inline const KernelTable* GetKernelTable() {
     RegisterReduceKernels(t);
     RegisterGemmKernels(t);
     RegisterConvKernels(t);
+    RegisterShiftedRowsConvKernels(t);
     RegisterChannelsLastConvKernels(t);
     RegisterPoolKernels(t);
     RegisterSoftmaxKernels(t);

@@ -1,20 +1,36 @@
-// The CPU backend's entry point: a table of kernels, one per op, for the best SIMD target.
+// The CPU backend's entry point: for every op, its kernels of the best SIMD target, each with
+// the calls it accepts and the scratch it needs.
 #pragma once
 
 #include <array>
+#include <cstddef>
+#include <vector>
 
-#include "kiln/ops/op_list.hpp"
-#include "kiln/runtime/kernel_args.hpp"
+#include "kiln/ir/op_list.hpp"
+#include "kiln/plan/backend.hpp"
 
 namespace kiln::cpu {
 
-/// Kernels of one Highway target, indexed by op_index(op). Ops that need no kernel
-/// (input, param, reshape) have nullptr.
+/// One kernel of an op: a variant (e.g. convolution over shifted rows) with its own rule for
+/// the calls it can run and its own scratch need.
+struct KernelVariant {
+  const char* name = ""; ///< e.g. "conv2d.shifted_rows"
+  KernelFn run = nullptr;
+  /// Whether it runs this call; null: every call.
+  bool (*accepts)(const KernelQuery&) = nullptr;
+  /// Scratch bytes per worker thread for this call; null: none.
+  std::size_t (*workspace)(const KernelQuery&) = nullptr;
+};
+
+/// Kernels of one Highway target. Each op lists its variants; their `accepts` rules exclude
+/// each other, so the order they were added in decides nothing.
 struct KernelTable {
-  std::array<KernelFn, op_count> run{};
+  std::array<std::vector<KernelVariant>, op_count> variants{};
   const char* target_name = "";
   /// GFLOP/s of multiply-adds the calling thread sustains for about `seconds`.
   double (*fma_gflops)(double seconds) = nullptr;
+
+  void add(Op op, const KernelVariant& variant) { variants[op_index(op)].push_back(variant); }
 };
 
 /// The kernel table for the best target this CPU supports (Highway dynamic dispatch).

@@ -18,6 +18,7 @@
 #include <hwy/highway.h>
 
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/variants.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::HWY_NAMESPACE {
@@ -649,25 +650,6 @@ inline void MaxPoolGradNhwc(const KernelArgs& args) {
 
 } // namespace pool_detail
 
-/// maxpool2d: x [N,C,H,W] -> [N,C,OH,OW] (or [N,H,W,C] -> [N,OH,OW,C] when channels_last),
-/// padding counts as -inf.
-inline void MaxPool2dKernel(const KernelArgs& args) {
-  if (std::get_if<Pool2dAttrs>(args.attrs)->channels_last) {
-    pool_detail::MaxPoolForwardNhwc(args);
-  } else {
-    pool_detail::PoolForward<true>(args);
-  }
-}
-
-/// maxpool2d_grad: (x, dy) -> dx in either layout; dy goes to the first maximum of its window.
-inline void MaxPool2dGradKernel(const KernelArgs& args) {
-  if (std::get_if<Pool2dAttrs>(args.attrs)->channels_last) {
-    pool_detail::MaxPoolGradNhwc(args);
-  } else {
-    pool_detail::MaxPoolGrad(args);
-  }
-}
-
 /// avgpool2d: window sum / (kernel*kernel), padding included as zeros.
 inline void AvgPool2dKernel(const KernelArgs& args) { pool_detail::PoolForward<false>(args); }
 
@@ -676,10 +658,14 @@ inline void AvgPool2dGradKernel(const KernelArgs& args) { pool_detail::AvgPoolGr
 
 /// Puts this target's pooling kernels and their gradients into the table.
 inline void RegisterPoolKernels(KernelTable& table) {
-  table.run[op_index(Op::MaxPool2d)] = &MaxPool2dKernel;
-  table.run[op_index(Op::MaxPool2dGrad)] = &MaxPool2dGradKernel;
-  table.run[op_index(Op::AvgPool2d)] = &AvgPool2dKernel;
-  table.run[op_index(Op::AvgPool2dGrad)] = &AvgPool2dGradKernel;
+  table.add(Op::MaxPool2d, {"maxpool2d", &pool_detail::PoolForward<true>, &pool_accepts<false>});
+  table.add(Op::MaxPool2d,
+            {"maxpool2d.channels_last", &pool_detail::MaxPoolForwardNhwc, &pool_accepts<true>});
+  table.add(Op::MaxPool2dGrad, {"maxpool2d_grad", &pool_detail::MaxPoolGrad, &pool_accepts<false>});
+  table.add(Op::MaxPool2dGrad,
+            {"maxpool2d_grad.channels_last", &pool_detail::MaxPoolGradNhwc, &pool_accepts<true>});
+  table.add(Op::AvgPool2d, {"avgpool2d", &AvgPool2dKernel});
+  table.add(Op::AvgPool2dGrad, {"avgpool2d_grad", &AvgPool2dGradKernel});
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

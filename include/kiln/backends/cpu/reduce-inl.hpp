@@ -291,7 +291,7 @@ inline void SumToKernel(const KernelArgs& args) {
 
 /// Puts this target's sum_to kernel into the table.
 inline void RegisterReduceKernels(KernelTable& table) {
-  table.run[op_index(Op::SumTo)] = &SumToKernel;
+  table.add(Op::SumTo, {"sum_to", &SumToKernel});
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

@@ -223,11 +223,13 @@ inline void SoftmaxCrossEntropyWithGradKernel(const KernelArgs& args) {
 
 /// Puts this target's log_softmax and softmax cross-entropy kernels into the table.
 inline void RegisterSoftmaxKernels(KernelTable& table) {
-  table.run[op_index(Op::LogSoftmax)] = &LogSoftmaxKernel;
-  table.run[op_index(Op::LogSoftmaxGrad)] = &LogSoftmaxGradKernel;
-  table.run[op_index(Op::SoftmaxCrossEntropy)] = &SoftmaxCrossEntropyKernel;
-  table.run[op_index(Op::SoftmaxCrossEntropyGrad)] = &SoftmaxCrossEntropyGradKernel;
-  table.run[op_index(Op::SoftmaxCrossEntropyWithGrad)] = &SoftmaxCrossEntropyWithGradKernel;
+  table.add(Op::LogSoftmax, {"log_softmax", &LogSoftmaxKernel});
+  table.add(Op::LogSoftmaxGrad, {"log_softmax_grad", &LogSoftmaxGradKernel});
+  table.add(Op::SoftmaxCrossEntropy, {"softmax_cross_entropy", &SoftmaxCrossEntropyKernel});
+  table.add(Op::SoftmaxCrossEntropyGrad,
+            {"softmax_cross_entropy_grad", &SoftmaxCrossEntropyGradKernel});
+  table.add(Op::SoftmaxCrossEntropyWithGrad,
+            {"softmax_cross_entropy_with_grad", &SoftmaxCrossEntropyWithGradKernel});
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

@@ -25,6 +25,7 @@
 #include <hwy/highway.h>
 
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/variants.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -343,7 +344,7 @@ inline void TransposeKernel(const KernelArgs& args) {
 
 /// Puts this target's transpose kernel into the table.
 inline void RegisterTransposeKernels(KernelTable& table) {
-  table.run[op_index(Op::Transpose)] = &TransposeKernel;
+  table.add(Op::Transpose, {"transpose", &TransposeKernel, nullptr, &transpose_workspace});
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

@@ -8,8 +8,8 @@
 
 #include <oneapi/tbb/task_arena.h>
 
-#include "kiln/ops/op_list.hpp"
-#include "kiln/runtime/kernel_args.hpp"
+#include "kiln/ir/op_list.hpp"
+#include "kiln/plan/backend.hpp"
 
 namespace kiln::cpu {
 
@@ -38,7 +38,7 @@ inline constexpr std::size_t max_float_lanes = 16;
 inline float* ThreadScratch(const KernelArgs& args) {
   const int t = tbb::this_task_arena::current_thread_index();
   const std::size_t slot = t < 0 ? 0 : static_cast<std::size_t>(t);
-  return reinterpret_cast<float*>(args.workspace + slot * args.workspace_per_thread);
+  return reinterpret_cast<float*>(args.workspace + slot * args.workspace_per_worker);
 }
 
 /// Floats are handed out in 64-byte units so every buffer starts on a cache line.
@@ -85,7 +85,9 @@ struct MatMulDims {
   bool transpose_a = false, transpose_b = false;
 };
 
-inline MatMulDims matmul_dims(const KernelArgs& args) {
+/// `call` is a KernelArgs (at run time) or a KernelQuery (at selection): both name the shapes
+/// `in[i].shape`, `out.shape` and the attributes `attrs`.
+template <class Call> MatMulDims matmul_dims(const Call& args) {
   MatMulDims d;
   const auto* attrs = args.attrs ? std::get_if<MatMulAttrs>(args.attrs) : nullptr;
   if (attrs) {
@@ -124,8 +126,9 @@ struct ConvGeometry {
   }
 };
 
-/// Reads the geometry from the shapes of a Conv2d, Conv2dGradInput or Conv2dGradWeight call.
-inline ConvGeometry conv_geometry(Op op, const KernelArgs& args) {
+/// Reads the geometry from the shapes of a Conv2d, Conv2dGradInput or Conv2dGradWeight call
+/// (a KernelArgs or a KernelQuery, as for matmul_dims).
+template <class Call> ConvGeometry conv_geometry(Op op, const Call& args) {
   ConvGeometry g;
   const auto* attrs = args.attrs ? std::get_if<Conv2dAttrs>(args.attrs) : nullptr;
   if (attrs) {
@@ -252,7 +255,11 @@ inline ConvHalo conv_halo(Op op, const ConvGeometry& g) {
   return {g.pad_h, g.pad_w, g.h + 2 * g.pad_h, g.w + 2 * g.pad_w, g.c};
 }
 
-inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
+/// How a convolution kernel gets at its operands: NCHW through a column matrix, NCHW over
+/// shifted rows of the padded image, or channels-last as an implicit GEMM.
+enum class ConvAlgorithm : std::uint8_t { columns, shifted_rows, channels_last };
+
+inline ConvLayout conv_layout(Op op, const ConvGeometry& g, ConvAlgorithm algorithm) {
   ConvLayout l;
   const std::size_t p = g.pixels(), ckk = g.ckk();
   std::size_t at = 0;
@@ -261,7 +268,7 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
     at += round_up_floats(floats);
     return start;
   };
-  if (g.channels_last) {
+  if (algorithm == ConvAlgorithm::channels_last) {
     // The zero-padded image the implicit GEMM reads (none without a halo); grad-weight also
     // keeps this thread's partial dW in [KH, KW, C, O] order.
     const ConvHalo halo = conv_halo(op, g);
@@ -270,7 +277,7 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g) {
     l.total = at;
     return l;
   }
-  if (conv_reads_shifted_rows(op, g)) {
+  if (algorithm == ConvAlgorithm::shifted_rows) {
     // col: the padded image; rows: the wide output rows (dy's, for the weight gradient);
     // offsets: where each tap reads A and B (two size_t per tap).
     const ShiftedRows s = shifted_rows(op, g);
@@ -306,31 +313,6 @@ inline std::size_t conv_staging_floats(Op op, const ConvGeometry& g, const Attrs
   const Epilogue* e = attrs ? epilogue_of(*attrs) : nullptr;
   if (!e || e->empty() || op == Op::Conv2dGradWeight) return 0;
   return round_up_floats(op == Op::Conv2d ? g.o * g.pixels() : g.c * g.h * g.w);
-}
-
-/// Bytes of scratch memory the kernel of `op` needs per worker thread for these shapes
-/// (args.in[i].shape, args.out.shape, args.attrs are set; data pointers are not).
-/// Always a multiple of 64, so every thread's slice stays cache-line aligned.
-inline std::size_t workspace_per_thread(Op op, const KernelArgs& args) {
-  if (op == Op::MatMul)
-    return (matmul_layout(matmul_dims(args)).total + epilogue_floats(args.attrs)) * sizeof(float);
-  if (op == Op::Conv2d || op == Op::Conv2dGradInput || op == Op::Conv2dGradWeight) {
-    const ConvGeometry g = conv_geometry(op, args);
-    return (conv_layout(op, g).total + epilogue_floats(args.attrs) +
-            conv_staging_floats(op, g, args.attrs)) *
-           sizeof(float);
-  }
-  if (op == Op::Transpose) { // one image, for a transpose in place
-    const auto& perm = std::get_if<TransposeAttrs>(args.attrs)->perm;
-    const Shape& in = args.in[0].shape;
-    if (perm.empty() || perm[0] != 0 || in[0] == 0) return 0;
-    return round_up_floats(static_cast<std::size_t>(in.numel() / in[0])) * sizeof(float);
-  }
-  if (op == Op::FusedElementwise) {
-    const auto& program = std::get_if<FusedAttrs>(args.attrs)->program;
-    return (program.size() - 1) * static_cast<std::size_t>(fused_chunk) * sizeof(float);
-  }
-  return 0;
 }
 
 } // namespace kiln::cpu

@@ -10,11 +10,10 @@
 #include <vector>
 
 #include "kiln/core/shape.hpp"
-#include "kiln/ops/op_list.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/ir/op_list.hpp"
 
 namespace kiln {
-
-class Tensor;
 
 /// Ops without attributes.
 struct NoAttrs {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kiln/autodiff/gradients.hpp"
-#include "kiln/runtime/compile.hpp"
+#include "kiln/compile.hpp"
 
 namespace kiln {
 

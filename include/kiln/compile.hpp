@@ -45,13 +45,14 @@ inline Executor compile(const Graph& graph, const Backend& backend,
       ctx.disabled.insert(name);
   }
   ctx.dump_ir = options.dump_ir;
+  ctx.target = backend.target();
   std::shared_ptr<Graph> optimised = graph.clone();
   run_passes(*optimised, default_pipeline, ctx);
   ctx.report.optimised = optimised;
   Plan plan = lower(*optimised, backend, lowering);
   plan.output_origins = graph.outputs();
   plan.unoptimised_bytes = unshared_bytes(graph);
-  Executor exe(std::move(plan), std::move(ctx.report));
+  Executor exe(std::move(plan), backend, std::move(ctx.report));
   exe.set_profiling(options.profile);
   return exe;
 }

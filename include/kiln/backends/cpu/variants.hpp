@@ -1,0 +1,73 @@
+// Which CPU kernel variant runs a call, and the scratch it needs: the rules each KernelVariant
+// of the kernel table carries, decided once per node at lowering.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <variant>
+
+#include "kiln/backends/cpu/workspace.hpp"
+#include "kiln/plan/backend.hpp"
+
+namespace kiln::cpu {
+
+/// Channel counts a channels-last kernel tiles over (output channels; the input's for the
+/// input gradient) must be multiples of this: whole vectors on every x86 SIMD target.
+inline constexpr std::int64_t channels_last_multiple = 16;
+
+/// The channels a channels-last kernel of `op` tiles over: the output's, or for the input
+/// gradient the input's.
+inline std::int64_t tiled_channels(Op op, const ConvGeometry& g) {
+  return static_cast<std::int64_t>(op == Op::Conv2dGradInput ? g.c : g.o);
+}
+
+/// Whether the variant of `algorithm` runs this convolution call. The three exclude each
+/// other: channels-last activations need the channels-last kernels, which need whole vectors
+/// of channels (and, for the input gradient, a stride-1 convolution of the padded gradient);
+/// NCHW convolutions read shifted rows where conv_reads_shifted_rows says so, else columns.
+template <Op op, ConvAlgorithm algorithm> bool conv_accepts(const KernelQuery& q) {
+  const ConvGeometry g = conv_geometry(op, q);
+  if (algorithm == ConvAlgorithm::channels_last) {
+    if (!g.channels_last || tiled_channels(op, g) % channels_last_multiple != 0) return false;
+    return op != Op::Conv2dGradInput ||
+           (g.stride_h == 1 && g.stride_w == 1 && g.pad_h < g.kh && g.pad_w < g.kw);
+  }
+  if (g.channels_last) return false;
+  return conv_reads_shifted_rows(op, g) == (algorithm == ConvAlgorithm::shifted_rows);
+}
+
+/// Scratch bytes per thread of a convolution variant: its layout, the epilogue's temps, and
+/// the staging of one image's result (see conv_staging_floats).
+template <Op op, ConvAlgorithm algorithm> std::size_t conv_workspace(const KernelQuery& q) {
+  const ConvGeometry g = conv_geometry(op, q);
+  return (conv_layout(op, g, algorithm).total + epilogue_floats(q.attrs) +
+          conv_staging_floats(op, g, q.attrs)) *
+         sizeof(float);
+}
+
+/// Scratch bytes per thread of the MatMul kernel: its packing buffers and the epilogue's temps.
+inline std::size_t matmul_workspace(const KernelQuery& q) {
+  return (matmul_layout(matmul_dims(q)).total + epilogue_floats(q.attrs)) * sizeof(float);
+}
+
+/// Scratch bytes per thread of a fused elementwise kernel: a chunk per intermediate result.
+inline std::size_t fused_workspace(const KernelQuery& q) {
+  const auto& program = std::get<FusedAttrs>(*q.attrs).program;
+  return (program.size() - 1) * static_cast<std::size_t>(fused_chunk) * sizeof(float);
+}
+
+/// Scratch bytes per thread of a transpose: one image, for a transpose in place over a
+/// dying input (the batch axis stays first).
+inline std::size_t transpose_workspace(const KernelQuery& q) {
+  const auto& perm = std::get<TransposeAttrs>(*q.attrs).perm;
+  const Shape& in = q.in[0].shape;
+  if (perm.empty() || perm[0] != 0 || in[0] == 0) return 0;
+  return round_up_floats(static_cast<std::size_t>(in.numel() / in[0])) * sizeof(float);
+}
+
+/// Whether a max pool runs channels-last ([N, H, W, C]); each layout has its own kernel.
+template <bool channels_last> bool pool_accepts(const KernelQuery& q) {
+  return std::get<Pool2dAttrs>(*q.attrs).channels_last == channels_last;
+}
+
+} // namespace kiln::cpu
