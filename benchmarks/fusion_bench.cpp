@@ -32,11 +32,11 @@ std::vector<Config> make_configs() {
   for (const kiln::Pass& p : kiln::default_pipeline) {
     if (p.name.starts_with("fuse_"))
       fusion.emplace_back(p.name);
-    else if (p.name != "layout" && p.name != "schedule")
+    else if (p.name != "layout" && p.name != "schedule" && p.name != "inplace")
       cleanup.emplace_back(p.name);
     everything.emplace_back(p.name);
   }
-  for (std::string_view s : kiln::lowering_switches) everything.emplace_back(s);
+  for (const kiln::LoweringSwitch& s : kiln::lowering_switches) everything.emplace_back(s.name);
   return {
       {"all passes", {}},         {"fusion off", fusion},
       {"layout off", {"layout"}}, {"memory planning off", {"schedule", "plan_memory", "inplace"}},

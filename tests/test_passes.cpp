@@ -18,7 +18,7 @@ using kiln::Value;
 std::vector<std::string> every_optimisation() {
   std::vector<std::string> names;
   for (const kiln::Pass& p : kiln::default_pipeline) names.emplace_back(p.name);
-  for (std::string_view s : kiln::lowering_switches) names.emplace_back(s);
+  for (const kiln::LoweringSwitch& s : kiln::lowering_switches) names.emplace_back(s.name);
   return names;
 }
 const std::vector<std::string> all_off = every_optimisation();

@@ -22,7 +22,7 @@ struct CompileOptions {
   /// print_profile in runtime/profiler.hpp).
   bool profile = false;
   /// Optimisations to switch off by name: any pass of default_pipeline ("dce",
-  /// "fuse_elementwise", ...) or a lowering switch ("plan_memory", "inplace").
+  /// "fuse_elementwise", "inplace", ...) or a lowering switch ("plan_memory").
   std::vector<std::string> disable{};
   /// When set, the IR after every pass is written here.
   std::ostream* dump_ir = nullptr;
@@ -35,14 +35,24 @@ inline Executor compile(const Graph& graph, const Backend& backend,
                         const CompileOptions& options = {}) {
   verify(graph);
   PassContext ctx;
-  LowerOptions lowering{options.threads, true, true};
+  LowerOptions lowering{.threads = options.threads};
   for (const std::string& name : options.disable) {
-    if (name == "plan_memory")
-      lowering.share_memory = false;
-    else if (name == "inplace")
-      lowering.inplace_updates = false;
-    else
+    const auto lowering_switch =
+        std::find_if(lowering_switches.begin(), lowering_switches.end(),
+                     [&](const LoweringSwitch& s) { return s.name == name; });
+    const bool is_pass = std::any_of(default_pipeline.begin(), default_pipeline.end(),
+                                     [&](const Pass& p) { return p.name == name; });
+    if (lowering_switch != lowering_switches.end()) {
+      lowering.*(lowering_switch->flag) = false;
+    } else if (is_pass) {
       ctx.disabled.insert(name);
+    } else {
+      std::string names;
+      for (const Pass& p : default_pipeline) names += std::string(p.name) + ", ";
+      for (const LoweringSwitch& s : lowering_switches) names += std::string(s.name) + ", ";
+      fail(errc::argument, "no pass named '" + name + "' (passes and switches: " +
+                               names.substr(0, names.size() - 2) + ")");
+    }
   }
   ctx.dump_ir = options.dump_ir;
   ctx.target = backend.target();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -67,6 +68,10 @@ inline Shape permuted(const Shape& s, std::span<const int> perm) {
   for (std::size_t i = 0; i < perm.size(); ++i) out[static_cast<int>(i)] = s[perm[i]];
   return out;
 }
+
+/// The permutations between the two layouts of a rank-4 activation: NCHW to NHWC and back.
+inline constexpr std::array<int, 4> nchw_to_nhwc{0, 2, 3, 1};
+inline constexpr std::array<int, 4> nhwc_to_nchw{0, 3, 1, 2};
 
 /// "[0,2,3,1]".
 inline std::string perm_text(std::span<const int> perm) {

@@ -31,6 +31,10 @@ struct Node {
   std::vector<ValueId> inputs;
   Attrs attrs;
   TensorType type;
+  /// Set by the inplace pass: the input whose memory the node's output takes over (that input
+  /// dies here), or -1 for memory of its own. For an update (assign), 1: its value was
+  /// computed straight into the param, so the assign moves nothing.
+  std::int8_t in_place_of = -1;
 };
 
 class Graph;
@@ -147,28 +151,6 @@ private:
   std::vector<Node> nodes_;
   std::vector<ValueId> outputs_;
 };
-
-/// True for nodes whose effect is not their value: they must stay even when nobody reads them.
-inline bool has_side_effect(const Node& n) {
-  if (n.op == Op::Assign) return true;
-  const auto* fused = std::get_if<FusedAttrs>(&n.attrs);
-  const Epilogue* epilogue = epilogue_of(n.attrs);
-  return (fused && !fused->stores.empty()) || (epilogue && !epilogue->stores.empty());
-}
-
-/// The params a node overwrites: an assign's target, a fused node's or an epilogue's store
-/// targets.
-inline std::vector<ValueId> assigned_params(const Node& n) {
-  std::vector<ValueId> targets;
-  if (n.op == Op::Assign) targets.push_back(n.inputs[0]);
-  if (const auto* fused = std::get_if<FusedAttrs>(&n.attrs))
-    for (const FusedStore& s : fused->stores)
-      targets.push_back(n.inputs[static_cast<std::size_t>(s.input)]);
-  if (const Epilogue* epilogue = epilogue_of(n.attrs))
-    for (const FusedStore& s : epilogue->stores)
-      targets.push_back(n.inputs[static_cast<std::size_t>(anchor_arity + s.input - 1)]);
-  return targets;
-}
 
 inline const Node& Value::node() const {
   if (!valid()) fail(errc::argument, "use of an empty kiln::Value");

@@ -86,7 +86,8 @@ inline std::string type_text(const TensorType& t) {
   return std::string(dtype_name(t.dtype)) + t.shape.str();
 }
 
-/// One node: "%5 = add(%3, %4) : f32[64,10]".
+/// One node: "%5 = add(%3, %4) : f32[64,10]", then "inplace(%3)" when the inplace pass let it
+/// write over input %3.
 inline std::string node_text(const Graph& g, ValueId id) {
   const Node& n = g.node(id);
   std::string s = "%" + std::to_string(id) + " = " + std::string(op_name(n.op));
@@ -97,7 +98,10 @@ inline std::string node_text(const Graph& g, ValueId id) {
     s += ")";
   }
   s += std::visit([](const auto& a) { return detail::attr_text(a); }, n.attrs);
-  return s + " : " + type_text(n.type);
+  s += " : " + type_text(n.type);
+  if (n.in_place_of >= 0 && static_cast<std::size_t>(n.in_place_of) < n.inputs.size())
+    s += " inplace(%" + std::to_string(n.inputs[static_cast<std::size_t>(n.in_place_of)]) + ")";
+  return s;
 }
 
 /// The whole graph, then its outputs: stable, so tests compare it as text.

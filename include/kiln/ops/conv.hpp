@@ -27,6 +27,18 @@ inline int epilogue_operand_overwritable(const Attrs& attrs) {
   return a && !a->epilogue.empty() ? anchor_arity : -1;
 }
 
+/// What conv2d and both its gradients share: an anchor with a channels-last form.
+struct ConvolutionDefaults : OpDefaults {
+  static constexpr int arity = -1; // 2, plus its epilogue's inputs
+  static constexpr FusionKind kind = FusionKind::anchor;
+  static constexpr LayoutRule layout = LayoutRule::convolution;
+  static Attrs channels_last_attrs(const Attrs& attrs) {
+    Conv2dAttrs a = std::get<Conv2dAttrs>(attrs);
+    a.channels_last = true;
+    return a;
+  }
+};
+
 /// Multiply-adds of a convolution or either gradient, times two: every element of y (dy) meets
 /// C x KH x KW weights, all of w's elements but one output channel's worth.
 inline std::int64_t conv_flops(const CostContext& c, const Shape& y, const Shape& w) {
@@ -59,9 +71,13 @@ inline Shape oihw_of_backward_weight(const Shape& w, bool channels_last) {
 }
 } // namespace detail
 
-template <> struct OpDef<Op::Conv2d> : OpDefaults {
-  static constexpr int arity = -1; // 2, plus its epilogue's inputs
-  static constexpr FusionKind kind = FusionKind::anchor;
+template <> struct OpDef<Op::Conv2d> : detail::ConvolutionDefaults {
+  /// x and y NHWC; the weight packed to [KH, KW, C, O].
+  static constexpr ChannelsLastForm channels_last_form{
+      {true, false}, true, 1, {2, 3, 1, 0}, "HWIO"};
+  static std::int64_t column_matrix_bytes(const CostContext& c) {
+    return kiln::column_matrix_bytes(std::get<Conv2dAttrs>(c.attrs), c.in[0], c.out);
+  }
   static std::int64_t flops(const CostContext& c) { return detail::conv_flops(c, c.out, c.in[1]); }
   static TensorType infer(const InferContext& c) {
     const auto& a = c.attr<Conv2dAttrs>();
@@ -100,9 +116,13 @@ template <> struct OpDef<Op::Conv2d> : OpDefaults {
 };
 
 /// dx = conv2d_grad_input(dy, w): the input gradient, of size attrs.input_h x input_w.
-template <> struct OpDef<Op::Conv2dGradInput> : OpDefaults {
-  static constexpr int arity = -1; // 2, plus its epilogue's inputs
-  static constexpr FusionKind kind = FusionKind::anchor;
+template <> struct OpDef<Op::Conv2dGradInput> : detail::ConvolutionDefaults {
+  /// dy and dx NHWC; the weight packed to [KH, KW, O, C].
+  static constexpr ChannelsLastForm channels_last_form{
+      {true, false}, true, 1, {2, 3, 0, 1}, "HWOI"};
+  static std::int64_t column_matrix_bytes(const CostContext& c) {
+    return kiln::column_matrix_bytes(std::get<Conv2dAttrs>(c.attrs), c.out, c.in[0]);
+  }
   static std::int64_t flops(const CostContext& c) {
     return detail::conv_flops(c, c.in[0], c.in[1]);
   }
@@ -125,9 +145,12 @@ template <> struct OpDef<Op::Conv2dGradInput> : OpDefaults {
 };
 
 /// dw = conv2d_grad_weight(x, dy): the weight gradient, OIHW.
-template <> struct OpDef<Op::Conv2dGradWeight> : OpDefaults {
-  static constexpr int arity = -1; // 2, plus its epilogue's inputs
-  static constexpr FusionKind kind = FusionKind::anchor;
+template <> struct OpDef<Op::Conv2dGradWeight> : detail::ConvolutionDefaults {
+  /// x and dy NHWC; dW stays OIHW.
+  static constexpr ChannelsLastForm channels_last_form{{true, true}, false, -1, {}, ""};
+  static std::int64_t column_matrix_bytes(const CostContext& c) {
+    return kiln::column_matrix_bytes(std::get<Conv2dAttrs>(c.attrs), c.in[0], c.in[1]);
+  }
   static std::int64_t flops(const CostContext& c) { return detail::conv_flops(c, c.in[1], c.out); }
   static TensorType infer(const InferContext& c) {
     const auto& a = c.attr<Conv2dAttrs>();

@@ -30,21 +30,27 @@ inline Value unbroadcast(Value grad, Value input) { return sum_to(grad, input.sh
 
 } // namespace detail
 
-struct UnaryElementwise : OpDefaults {
+/// What every elementwise op shares: element i from element i of its inputs, in any layout.
+struct ElementwiseDefaults : OpDefaults {
+  static constexpr bool is_elementwise = true;
+  static constexpr bool overwrites_any_input = true;
+  static constexpr LayoutRule layout = LayoutRule::elementwise;
+};
+
+struct UnaryElementwise : ElementwiseDefaults {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::elementwise;
-  static constexpr bool is_elementwise = true;
   static TensorType infer(const InferContext& c) { return detail::infer_unary_f32(c); }
 };
 
-struct BinaryElementwise : OpDefaults {
+struct BinaryElementwise : ElementwiseDefaults {
   static constexpr int arity = 2;
   static constexpr FusionKind kind = FusionKind::broadcast;
-  static constexpr bool is_elementwise = true;
   static TensorType infer(const InferContext& c) { return detail::infer_binary_broadcast(c); }
 };
 
 template <> struct OpDef<Op::Add> : BinaryElementwise {
+  static constexpr bool commutative = true;
   template <class M, class V> static V apply(const M& m, V a, V b, V) { return m.add(a, b); }
   static void grad(GradContext& c) {
     if (c.wants(0)) c.dx[0] = detail::unbroadcast(c.dy, c.in(0));
@@ -61,6 +67,7 @@ template <> struct OpDef<Op::Sub> : BinaryElementwise {
 };
 
 template <> struct OpDef<Op::Mul> : BinaryElementwise {
+  static constexpr bool commutative = true;
   template <class M, class V> static V apply(const M& m, V a, V b, V) { return m.mul(a, b); }
   static void grad(GradContext& c) {
     if (c.wants(0)) c.dx[0] = detail::unbroadcast(c.dy * c.in(1), c.in(0));
@@ -89,10 +96,9 @@ template <> struct OpDef<Op::Relu> : UnaryElementwise {
   static void grad(GradContext& c) { c.dx[0] = relu_grad(c.out(), c.dy); }
 };
 
-template <> struct OpDef<Op::ReluGrad> : OpDefaults {
+template <> struct OpDef<Op::ReluGrad> : ElementwiseDefaults {
   static constexpr int arity = 2;
   static constexpr FusionKind kind = FusionKind::elementwise;
-  static constexpr bool is_elementwise = true;
   static TensorType infer(const InferContext& c) {
     c.expect_dtype(0, DType::f32);
     c.expect_dtype(1, DType::f32);
@@ -165,6 +171,10 @@ template <> struct OpDef<Op::BroadcastTo> : UnaryElementwise {
   }
   template <class M, class V> static V apply(const M&, V a, V, V) { return a; }
   static void grad(GradContext& c) { c.dx[0] = detail::unbroadcast(c.dy, c.in(0)); }
+  /// The target shape, permuted to NHWC.
+  static Attrs channels_last_attrs(const Attrs& attrs) {
+    return ShapeAttrs{permuted(std::get<ShapeAttrs>(attrs).shape, nchw_to_nhwc)};
+  }
 };
 
 template <> struct OpDef<Op::DropoutMask> : OpDefaults {

@@ -12,6 +12,7 @@ namespace kiln {
 template <> struct OpDef<Op::FusedElementwise> : OpDefaults {
   static constexpr int arity = -1; // variadic: 1..max_op_inputs
   static constexpr FusionKind kind = FusionKind::elementwise;
+  static constexpr bool overwrites_any_input = true;
   static std::int64_t flops(const CostContext& c) {
     return static_cast<std::int64_t>(std::get<FusedAttrs>(c.attrs).program.size()) * c.out.numel();
   }

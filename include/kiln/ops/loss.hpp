@@ -58,6 +58,9 @@ template <> struct OpDef<Op::SoftmaxCrossEntropy> : OpDefaults {
 template <> struct OpDef<Op::SoftmaxCrossEntropyGrad> : OpDefaults {
   static constexpr int arity = 3;
   static constexpr FusionKind kind = FusionKind::reduction;
+  /// The loss and its gradient from one pass over the logits.
+  static constexpr JointKernel joint{true, Op::SoftmaxCrossEntropy,
+                                     Op::SoftmaxCrossEntropyWithGrad};
   static TensorType infer(const InferContext& c) { return c.in(0); }
   static constexpr GradFn grad = nullptr;
 };

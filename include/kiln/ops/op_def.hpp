@@ -98,30 +98,83 @@ inline std::int64_t epilogue_flops(const CostContext& c) {
   return e ? static_cast<std::int64_t>(e->program.size()) * c.out.numel() : 0;
 }
 
+/// What a node of the op is to lowering and to the passes that move, merge or drop nodes.
+enum class OpRole : std::uint8_t {
+  compute,  ///< computes its value with a kernel (most ops)
+  constant, ///< computes the same value every run from its attributes alone (a fill)
+  input,    ///< a graph input: the user feeds it before each run; no kernel
+  param,    ///< a parameter or optimizer state: storage outside the arena; no kernel
+  update,   ///< writes input 1 into input 0, a param; its value is the param's storage
+};
+
+/// How the layout pass may store an op's rank-4 activations.
+enum class LayoutRule : std::uint8_t {
+  nchw,        ///< NCHW only
+  elementwise, ///< the output is stored like its rank-4 inputs of its own shape; smaller
+               ///< operands broadcast into it in the same layout
+  pool,        ///< the output is stored like its rank-4 input, with the attributes' flag set
+  reduction,   ///< a sum to a rank-4 shape also reads and writes NHWC
+  convolution, ///< a channels-last form (Conv2dAttrs::channels_last) that some targets run
+};
+
+/// The operands of a convolution's channels-last form (LayoutRule::convolution): which inputs
+/// and whether the output are activations stored NHWC, and which input is a weight packed once
+/// per step for it (from OIHW by `weight_pack`, into layout `packed_layout`).
+struct ChannelsLastForm {
+  std::array<bool, 2> nhwc_inputs{};
+  bool nhwc_output = false;
+  int packed_weight = -1;
+  std::array<int, 4> weight_pack{};
+  std::string_view packed_layout;
+};
+
+/// A gradient op that one kernel computes together with its forward op (which reads the same
+/// leading inputs): `both` writes the gradient, then the forward value, side by side.
+struct JointKernel {
+  bool exists = false;
+  Op forward = Op::Input;
+  Op both = Op::Input;
+};
+
 /// One op's definition. Each op specialises this once (ops/*.hpp) with:
-///   static constexpr int arity;            number of inputs
+///   static constexpr int arity;            number of inputs (-1: variadic)
 ///   static constexpr FusionKind kind;      TVM-style fusion class
-///   static constexpr bool is_view;         output aliases input 0 (no kernel, no copy)
 ///   static TensorType infer(const InferContext&);
 ///   static void grad(GradContext&);        or `static constexpr GradFn grad = nullptr;`
-///   static int overwritable_input(const Attrs&);  optional, see OpDefaults
-///   static std::int64_t flops(const CostContext&); optional, see OpDefaults
+/// and, where OpDefaults' choice is wrong for it, the properties OpDefaults lists.
 /// Elementwise ops also provide the arithmetic, once, over a math policy M (scalar or SIMD):
 ///   template <class M> static typename M::V apply(const M&, V a, V b, V scalar);
 template <Op op> struct OpDef;
 
-/// Defaults shared by most op definitions.
+/// Defaults shared by most op definitions: every property lowering and the passes ask.
 struct OpDefaults {
+  static constexpr OpRole role = OpRole::compute;
+  /// The output is a view of input 0's memory (at PartAttrs' offset for a part): no kernel.
   static constexpr bool is_view = false;
+  /// Has an arithmetic body (apply): element i of the output from element i of its
+  /// (broadcast) inputs, so it can be a step of a fused program or an epilogue.
   static constexpr bool is_elementwise = false;
-  /// For a non-elementwise op: the input whose memory its output may take over when that
-  /// input dies here (every backend's kernel must then read each input element before it
-  /// writes the output elements at the same place), or -1. Elementwise ops may always take
-  /// over any input of their own type.
+  /// Its output may take over the memory of any input of its own type that dies at it: every
+  /// backend's kernel reads element i of each same-shaped input before writing element i.
+  static constexpr bool overwrites_any_input = false;
+  /// Swapping its two inputs does not change its value.
+  static constexpr bool commutative = false;
+  static constexpr LayoutRule layout = LayoutRule::nchw;
+  static constexpr ChannelsLastForm channels_last_form{};
+  static constexpr JointKernel joint{};
+  /// The input whose memory its output may take over when that input dies here (every
+  /// backend's kernel must then read each input element before it writes the output elements
+  /// at the same place), or -1; for ops without overwrites_any_input.
   static int overwritable_input(const Attrs&) { return -1; }
+  /// Its attributes in the channels-last form the layout pass makes (LayoutRule other than
+  /// nchw): a flag set, a target shape permuted.
+  static Attrs channels_last_attrs(const Attrs& attrs) { return attrs; }
   /// Floating-point operations of one call, what the profiler divides by time: by default
   /// one per output element, right for elementwise ops.
   static std::int64_t flops(const CostContext& c) { return c.out.numel(); }
+  /// Bytes of column matrix its NCHW kernel writes and reads back (LayoutRule::convolution):
+  /// what its channels-last form saves.
+  static std::int64_t column_matrix_bytes(const CostContext&) { return 0; }
 };
 
 } // namespace kiln

@@ -41,7 +41,17 @@ inline Pool2dAttrs pool_attrs(Value x, Pool2dOptions o) {
 }
 } // namespace detail
 
-template <> struct OpDef<Op::MaxPool2d> : OpDefaults {
+/// Max pooling and its gradient run in either layout, flagged in their attributes.
+struct MaxPoolDefaults : OpDefaults {
+  static constexpr LayoutRule layout = LayoutRule::pool;
+  static Attrs channels_last_attrs(const Attrs& attrs) {
+    Pool2dAttrs a = std::get<Pool2dAttrs>(attrs);
+    a.channels_last = true;
+    return a;
+  }
+};
+
+template <> struct OpDef<Op::MaxPool2d> : MaxPoolDefaults {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::reduction;
   static std::int64_t flops(const CostContext& c) {
@@ -56,7 +66,7 @@ template <> struct OpDef<Op::MaxPool2d> : OpDefaults {
 
 /// dx = max_pool2d_grad(x, dy): dy routed to the first maximum of each window (in row-major
 /// window order). x and dx are [N,C,H,W], or [N,H,W,C] when channels_last.
-template <> struct OpDef<Op::MaxPool2dGrad> : OpDefaults {
+template <> struct OpDef<Op::MaxPool2dGrad> : MaxPoolDefaults {
   static constexpr int arity = 2;
   static constexpr FusionKind kind = FusionKind::opaque;
   static TensorType infer(const InferContext& c) {

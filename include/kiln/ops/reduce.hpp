@@ -11,6 +11,11 @@ namespace kiln {
 template <> struct OpDef<Op::SumTo> : OpDefaults {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::reduction;
+  static constexpr LayoutRule layout = LayoutRule::reduction;
+  /// The target shape, permuted to NHWC.
+  static Attrs channels_last_attrs(const Attrs& attrs) {
+    return ShapeAttrs{permuted(std::get<ShapeAttrs>(attrs).shape, nchw_to_nhwc)};
+  }
   static std::int64_t flops(const CostContext& c) { return c.in[0].numel(); }
   static TensorType infer(const InferContext& c) {
     c.expect_dtype(0, DType::f32);

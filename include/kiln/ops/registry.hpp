@@ -16,25 +16,60 @@
 
 namespace kiln {
 
-/// Everything generic code needs to know about an op, without templates.
+/// Everything generic code needs to know about an op, without templates: the properties of
+/// its OpDef (see OpDefaults for what each means).
 struct OpInfo {
   std::string_view name;
   int arity = 0;
   FusionKind kind = FusionKind::opaque;
+  OpRole role = OpRole::compute;
   bool is_view = false;
   bool is_elementwise = false;
+  bool overwrites_any_input = false;
+  bool commutative = false;
+  LayoutRule layout = LayoutRule::nchw;
+  ChannelsLastForm channels_last_form{};
+  JointKernel joint{};
   InferFn infer = nullptr;
   GradFn grad = nullptr; ///< nullptr: not differentiable
   int (*overwritable_input)(const Attrs&) = nullptr;
+  Attrs (*channels_last_attrs)(const Attrs&) = nullptr;
   FlopsFn flops = nullptr;
+  FlopsFn column_matrix_bytes = nullptr;
+
+  /// Its value lives in input 0's memory: a view, or an update's param.
+  [[nodiscard]] bool aliases_input() const { return is_view || role == OpRole::update; }
+  /// Has no inputs and is typed when made: a graph input or a param.
+  [[nodiscard]] bool is_source() const { return role == OpRole::input || role == OpRole::param; }
+  /// Runs a kernel unless an analysis proves it needs none (an update done in place).
+  [[nodiscard]] bool computes() const {
+    return (role == OpRole::compute || role == OpRole::constant || role == OpRole::update) &&
+           !is_view;
+  }
 };
 
 namespace detail {
 template <Op op> constexpr OpInfo make_op_info() {
   using D = OpDef<op>;
-  return OpInfo{op_name(op),       D::arity,  D::kind, D::is_view,
-                D::is_elementwise, &D::infer, D::grad, &D::overwritable_input,
-                &D::flops};
+  OpInfo info;
+  info.name = op_name(op);
+  info.arity = D::arity;
+  info.kind = D::kind;
+  info.role = D::role;
+  info.is_view = D::is_view;
+  info.is_elementwise = D::is_elementwise;
+  info.overwrites_any_input = D::overwrites_any_input;
+  info.commutative = D::commutative;
+  info.layout = D::layout;
+  info.channels_last_form = D::channels_last_form;
+  info.joint = D::joint;
+  info.infer = &D::infer;
+  info.grad = D::grad;
+  info.overwritable_input = &D::overwritable_input;
+  info.channels_last_attrs = &D::channels_last_attrs;
+  info.flops = &D::flops;
+  info.column_matrix_bytes = &D::column_matrix_bytes;
+  return info;
 }
 } // namespace detail
 

@@ -16,18 +16,21 @@ struct SourceOp : OpDefaults {
 
 /// Inputs and params are typed when created (Graph::input, Graph::param).
 template <> struct OpDef<Op::Input> : SourceOp {
+  static constexpr OpRole role = OpRole::input;
   static TensorType infer(const InferContext& c) {
     c.fail(errc::graph, "use Graph::input to add an input");
   }
 };
 
 template <> struct OpDef<Op::Param> : SourceOp {
+  static constexpr OpRole role = OpRole::param;
   static TensorType infer(const InferContext& c) {
     c.fail(errc::graph, "use Graph::param to add a param");
   }
 };
 
 template <> struct OpDef<Op::Fill> : SourceOp {
+  static constexpr OpRole role = OpRole::constant;
   static constexpr FusionKind kind = FusionKind::injective;
   static TensorType infer(const InferContext& c) {
     return TensorType{c.attr<FillAttrs>().shape, DType::f32};
@@ -37,6 +40,7 @@ template <> struct OpDef<Op::Fill> : SourceOp {
 /// assign(target, value): at this point of the step, the param `target` takes `value`.
 /// Its result aliases the param's storage; optimizers and batchnorm statistics use it.
 template <> struct OpDef<Op::Assign> : OpDefaults {
+  static constexpr OpRole role = OpRole::update;
   static constexpr int arity = 2;
   static constexpr FusionKind kind = FusionKind::opaque;
   /// Moves data, computes nothing.

@@ -7,6 +7,7 @@
 
 #include "kiln/ir/graph.hpp"
 #include "kiln/ir/printer.hpp"
+#include "kiln/ops/effects.hpp"
 #include "kiln/ops/registry.hpp"
 
 namespace kiln {
@@ -20,15 +21,21 @@ inline void verify(const Graph& g) {
       if (in < 0 || in >= id)
         fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(n.op)) +
                               ": input %" + std::to_string(in) + " is not defined before it");
-      if (assigned[static_cast<std::size_t>(in)] && !(n.op == Op::Assign && in == n.inputs[0]))
+      if (assigned[static_cast<std::size_t>(in)] &&
+          !(op_info(n.op).role == OpRole::update && in == n.inputs[0]))
         fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(n.op)) +
                               " reads param %" + std::to_string(in) + " after it was assigned");
     }
-    if (n.op == Op::Input || n.op == Op::Param) {
+    if (op_info(n.op).is_source()) {
       if (!n.inputs.empty())
         fail(errc::arity, "node %" + std::to_string(id) + ": a source has inputs");
       continue;
     }
+    if (n.in_place_of >= static_cast<int>(n.inputs.size()) ||
+        (op_info(n.op).role == OpRole::update && n.in_place_of == 0))
+      fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(n.op)) +
+                            ": in place of input " + std::to_string(n.in_place_of) +
+                            ", which it cannot take over");
     const TensorType t = infer_type(g, id, n.op, n.inputs, n.attrs);
     if (!(t == n.type))
       fail(errc::shape, "node %" + std::to_string(id) + " " + std::string(op_name(n.op)) +

@@ -11,8 +11,8 @@
 #include <variant>
 #include <vector>
 
+#include "kiln/ops/effects.hpp"
 #include "kiln/ops/registry.hpp"
-#include "kiln/passes/eliminate_common_subexpressions.hpp"
 #include "kiln/passes/pass.hpp"
 
 namespace kiln {
@@ -42,7 +42,7 @@ public:
   /// Adds old node `id` (its inputs already renumbered) and returns the value that replaces it.
   ValueId add(ValueId id, Node node) {
     position_ = id;
-    if (node.op == Op::Input || node.op == Op::Param)
+    if (op_info(node.op).is_source())
       return push(std::move(node), old_overwritten_[static_cast<std::size_t>(id)]);
     return emit(std::move(node));
   }

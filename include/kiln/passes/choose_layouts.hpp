@@ -2,17 +2,21 @@
 // write, weighing the column matrices channels-last kernels avoid against the reorders a
 // group needs at its edges, then rewrites the graph to match: channels-last convolutions
 // with their weights pre-packed once per step, pools and elementwise ops in the group's
-// layout, and a transpose wherever a value crosses from one layout to the other.
+// layout, and a transpose wherever a value crosses from one layout to the other. What an op
+// can do in either layout is its OpDef's layout rule; which convolutions the device runs
+// channels-last is the target's answer.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <map>
 #include <numeric>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "kiln/ops/conv.hpp"
 #include "kiln/ops/registry.hpp"
 #include "kiln/passes/pass.hpp"
 #include "kiln/passes/rewrite.hpp"
@@ -20,13 +24,6 @@
 namespace kiln {
 
 namespace layout_detail {
-
-inline constexpr std::array<int, 4> nchw_to_nhwc{0, 2, 3, 1};
-inline constexpr std::array<int, 4> nhwc_to_nchw{0, 3, 1, 2};
-/// Pre-packed conv2d weights: OIHW to [KH, KW, C, O], and to [KH, KW, O, C] for the input
-/// gradient (see Conv2dAttrs::channels_last).
-inline constexpr std::array<int, 4> forward_weight_pack{2, 3, 1, 0};
-inline constexpr std::array<int, 4> backward_weight_pack{2, 3, 0, 1};
 
 /// True when `perm` only moves axes of size 1: the reorder is then a reshape, a free view.
 inline bool is_free(const Shape& s, std::span<const int> perm) {
@@ -43,67 +40,69 @@ inline std::int64_t reorder_bytes(const Shape& s, std::span<const int> perm) {
   return is_free(s, perm) ? 0 : 2 * s.numel() * static_cast<std::int64_t>(sizeof(float));
 }
 
-inline bool is_conv(Op op) {
-  return op == Op::Conv2d || op == Op::Conv2dGradInput || op == Op::Conv2dGradWeight;
+/// The activations a convolution's channels-last form keeps NHWC: inputs and output as its
+/// OpDef's ChannelsLastForm names them.
+inline std::vector<ValueId> nhwc_ports(const Node& n, ValueId id) {
+  const ChannelsLastForm& form = op_info(n.op).channels_last_form;
+  std::vector<ValueId> ports;
+  for (std::size_t k = 0; k < form.nhwc_inputs.size(); ++k)
+    if (form.nhwc_inputs[k]) ports.push_back(n.inputs[k]);
+  if (form.nhwc_output) ports.push_back(id);
+  return ports;
 }
 
-/// The activations a convolution reads or writes, which a channels-last kernel keeps NHWC:
-/// its input 0 and output, or both inputs of the weight gradient.
-inline std::array<ValueId, 2> activation_ports(const Node& n, ValueId id) {
-  if (n.op == Op::Conv2dGradWeight) return {n.inputs[0], n.inputs[1]};
-  return {n.inputs[0], id};
-}
-
-/// Whether the target has a kernel for the channels-last form of this convolution: its
-/// activations NHWC, its weight pre-packed (the weight gradient stays OIHW).
+/// Whether the target has a kernel for the channels-last form of convolution `n`: its
+/// activations NHWC, its weight pre-packed.
 inline bool has_channels_last_kernel(const Target& target, const Graph& g, const Node& n) {
-  const auto& a = std::get<Conv2dAttrs>(n.attrs);
-  if (target.channels_last_multiple == 0 || a.channels_last || !a.epilogue.empty()) return false;
-  Attrs attrs = n.attrs;
-  std::get<Conv2dAttrs>(attrs).channels_last = true;
-  const auto type = [&](ValueId v) { return g.node(v).type; };
+  const OpInfo& info = op_info(n.op);
+  const Attrs attrs = info.channels_last_attrs(n.attrs);
+  const Epilogue* epilogue = epilogue_of(n.attrs);
+  if (target.channels_last_multiple == 0 || attrs == n.attrs || (epilogue && !epilogue->empty()))
+    return false;
+  const ChannelsLastForm& form = info.channels_last_form;
   const auto nhwc = [](TensorType t) {
     t.shape = permuted(t.shape, nchw_to_nhwc);
     return t;
   };
-  std::array<TensorType, 2> in{nhwc(type(n.inputs[0])), type(n.inputs[1])};
-  TensorType out = n.type;
-  if (n.op == Op::Conv2dGradWeight) {
-    in[1] = nhwc(in[1]);
-  } else {
-    in[1].shape =
-        permuted(in[1].shape, n.op == Op::Conv2d ? std::span<const int>(forward_weight_pack)
-                                                 : std::span<const int>(backward_weight_pack));
-    out = nhwc(out);
+  std::array<TensorType, 2> in{g.node(n.inputs[0]).type, g.node(n.inputs[1]).type};
+  for (std::size_t k = 0; k < in.size(); ++k) {
+    if (form.nhwc_inputs[k]) in[k] = nhwc(in[k]);
+    if (form.packed_weight == static_cast<int>(k))
+      in[k].shape = permuted(in[k].shape, form.weight_pack);
   }
+  const TensorType out = form.nhwc_output ? nhwc(n.type) : n.type;
   return target.runs(KernelQuery{n.op, &attrs, in, out});
 }
 
-/// What the channels-last kernel of a convolution saves: its NCHW kernel's column matrix.
-inline std::int64_t column_matrix_bytes(const Graph& g, const Node& n, ValueId id) {
-  const Shape& x = n.op == Op::Conv2dGradInput ? n.type.shape : g.node(n.inputs[0]).type.shape;
-  const ValueId y = n.op == Op::Conv2d            ? id
-                    : n.op == Op::Conv2dGradInput ? n.inputs[0]
-                                                  : n.inputs[1];
-  return kiln::column_matrix_bytes(std::get<Conv2dAttrs>(n.attrs), x, g.node(y).type.shape);
+/// What convolution `n`'s channels-last kernel saves: its NCHW kernel's column matrix.
+inline std::int64_t column_matrix_bytes(const Graph& g, const Node& n) {
+  std::array<Shape, max_op_inputs> shapes{};
+  for (std::size_t i = 0; i < n.inputs.size(); ++i) shapes[i] = g.node(n.inputs[i]).type.shape;
+  return op_info(n.op).column_matrix_bytes(
+      CostContext{std::span<const Shape>(shapes.data(), n.inputs.size()), n.type.shape, n.attrs});
 }
 
-/// Ops whose rank-4 output shares its layout with its rank-4 inputs of the same shape (all
-/// of them for pools): they run unchanged, or with a flag, in either layout. A dropout mask
-/// depends on element order, so it is not one of them.
+/// Ops whose rank-4 output shares its layout with their rank-4 inputs (LayoutRule elementwise,
+/// or a pool not yet channels-last): they run unchanged, or with a flag, in either layout.
 inline bool follows_layout(const Node& n) {
   if (n.type.shape.rank() != 4 || n.type.dtype != DType::f32) return false;
-  if (n.op == Op::MaxPool2d || n.op == Op::MaxPool2dGrad)
-    return !std::get<Pool2dAttrs>(n.attrs).channels_last;
-  return op_info(n.op).is_elementwise && n.op != Op::DropoutMask;
+  const OpInfo& info = op_info(n.op);
+  if (info.layout == LayoutRule::pool) return !(info.channels_last_attrs(n.attrs) == n.attrs);
+  return info.layout == LayoutRule::elementwise;
 }
 
 /// Whether follower n joins input `in`'s layout group (rather than adapting it as a
-/// broadcast operand).
+/// broadcast operand): a pool's rank-4 input always, an elementwise op's of its own shape.
 inline bool joins(const Graph& g, const Node& n, ValueId in) {
   const Shape& s = g.node(in).type.shape;
   if (s.rank() != 4) return false;
-  return n.op == Op::MaxPool2d || n.op == Op::MaxPool2dGrad || s == n.type.shape;
+  return op_info(n.op).layout == LayoutRule::pool || s == n.type.shape;
+}
+
+/// A sum to a rank-4 shape, which reads and writes NHWC as well as NCHW.
+inline bool sums_to_rank4(const Node& n) {
+  return op_info(n.op).layout == LayoutRule::reduction &&
+         std::get<ShapeAttrs>(n.attrs).shape.rank() == 4;
 }
 
 /// Union-find over values.
@@ -121,221 +120,279 @@ struct Groups {
   void join(ValueId a, ValueId b) { parent[static_cast<std::size_t>(find(a))] = find(b); }
 };
 
+/// The groups of activations that must share one layout, and what touches them: followers
+/// (joined to their inputs), convolutions with a channels-last kernel on the target
+/// (eligible), groups a convolution reads or writes.
+struct Analysis {
+  Groups groups;
+  std::vector<bool> follower, eligible, touches_conv, is_output;
+  std::vector<std::vector<ValueId>> users;
+
+  [[nodiscard]] bool at(const std::vector<bool>& v, ValueId id) const {
+    return v[static_cast<std::size_t>(id)];
+  }
+  /// A value is made NHWC when its producer runs in the group's layout: a follower, or a
+  /// channels-last convolution writing it. Everything else makes NCHW.
+  [[nodiscard]] bool made_nhwc(const Graph& g, ValueId v) const {
+    return at(follower, v) ||
+           (at(eligible, v) && op_info(g.node(v).op).channels_last_form.nhwc_output);
+  }
+  /// Whether consumer `c` reads `v` in v's group layout.
+  [[nodiscard]] bool reads_in_layout(const Graph& g, ValueId v, ValueId c) const {
+    const Node& n = g.node(c);
+    if (at(follower, c)) return joins(g, n, v);
+    if (at(eligible, c)) {
+      const std::vector<ValueId> ports = nhwc_ports(n, c);
+      return std::find(ports.begin(), ports.end(), v) != ports.end();
+    }
+    return sums_to_rank4(n);
+  }
+};
+
+inline Analysis analyse(const Graph& g, const Target& target) {
+  const auto count = static_cast<std::size_t>(g.size());
+  Analysis a{Groups(count),
+             std::vector<bool>(count, false),
+             std::vector<bool>(count, false),
+             std::vector<bool>(count, false),
+             std::vector<bool>(count, false),
+             consumers(g)};
+  for (ValueId o : g.outputs()) a.is_output[static_cast<std::size_t>(o)] = true;
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const Node& n = g.node(id);
+    if (follows_layout(n)) {
+      a.follower[static_cast<std::size_t>(id)] = true;
+      for (ValueId in : n.inputs)
+        if (joins(g, n, in)) a.groups.join(in, id);
+    }
+    if (op_info(n.op).layout == LayoutRule::convolution)
+      a.eligible[static_cast<std::size_t>(id)] = has_channels_last_kernel(target, g, n);
+  }
+  for (ValueId id = 0; id < g.size(); ++id)
+    if (op_info(g.node(id).op).layout == LayoutRule::convolution)
+      for (ValueId port : nhwc_ports(g.node(id), id))
+        a.touches_conv[static_cast<std::size_t>(a.groups.find(port))] = true;
+  return a;
+}
+
+/// The layout of each group, with the bytes its last weighing in which it had something to
+/// save quoted for it (what the report shows for a group that stays NCHW).
+struct Weighing {
+  std::vector<bool> nhwc;
+  std::vector<std::int64_t> saved, cost;
+};
+
+/// Bytes each group would save (column matrices) and pay (reorders at its edges) as NHWC.
+inline std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>
+bytes_for_nhwc(const Graph& g, Analysis& a) {
+  const auto count = static_cast<std::size_t>(g.size());
+  std::vector<std::int64_t> saved(count, 0), cost(count, 0);
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const Node& n = g.node(id);
+    if (a.at(a.eligible, id)) {
+      const std::int64_t bytes = column_matrix_bytes(g, n);
+      for (ValueId port : nhwc_ports(n, id))
+        saved[static_cast<std::size_t>(a.groups.find(port))] += bytes / 2;
+    }
+    const auto group = static_cast<std::size_t>(a.groups.find(id));
+    if (!a.touches_conv[group] || n.type.shape.rank() != 4) continue;
+    const std::int64_t reorder = reorder_bytes(n.type.shape, nchw_to_nhwc);
+    bool read_as_nchw = a.at(a.is_output, id);
+    for (ValueId c : a.users[static_cast<std::size_t>(id)])
+      read_as_nchw = read_as_nchw || !a.reads_in_layout(g, id, c);
+    if (!a.made_nhwc(g, id)) cost[group] += reorder;
+    if (read_as_nchw) cost[group] += reorder;
+  }
+  return {std::move(saved), std::move(cost)};
+}
+
+/// Makes a group NHWC where that saves more than it costs; a convolution whose activations
+/// did not all go NHWC stays NCHW, and then the groups are weighed again.
+inline Weighing weigh(const Graph& g, Analysis& a) {
+  const auto count = static_cast<std::size_t>(g.size());
+  Weighing w{std::vector<bool>(count, false), std::vector<std::int64_t>(count, 0),
+             std::vector<std::int64_t>(count, 0)};
+  for (bool settled = false; !settled;) {
+    const auto [saved, cost] = bytes_for_nhwc(g, a);
+    for (std::size_t v = 0; v < count; ++v) {
+      w.nhwc[v] = saved[v] > cost[v];
+      if (saved[v] > 0) {
+        w.saved[v] = saved[v];
+        w.cost[v] = cost[v];
+      }
+    }
+    settled = true;
+    for (ValueId id = 0; id < g.size(); ++id) {
+      if (!a.at(a.eligible, id)) continue;
+      for (ValueId port : nhwc_ports(g.node(id), id)) {
+        if (!w.nhwc[static_cast<std::size_t>(a.groups.find(port))]) {
+          a.eligible[static_cast<std::size_t>(id)] = false;
+          settled = false;
+        }
+      }
+    }
+  }
+  return w;
+}
+
+/// Records the decision for every group a convolution touches.
+inline void record_decisions(const Graph& g, Analysis& a, const Weighing& w, PassContext& ctx,
+                             PassResult& result) {
+  std::vector<std::int32_t> decision_of(static_cast<std::size_t>(g.size()), -1);
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const auto group = static_cast<std::size_t>(a.groups.find(id));
+    if (!a.touches_conv[group] || g.node(id).type.shape.rank() != 4) continue;
+    if (decision_of[group] < 0) {
+      decision_of[group] = static_cast<std::int32_t>(ctx.report.layouts.size());
+      const LayoutReason reason = w.nhwc[group]        ? LayoutReason::channels_last
+                                  : w.saved[group] > 0 ? LayoutReason::reorders_cost_more
+                                                       : LayoutReason::not_eligible;
+      ctx.report.layouts.push_back(
+          {{}, w.nhwc[group] ? "NHWC" : "NCHW", reason, w.saved[group], w.cost[group]});
+      if (w.nhwc[group]) result.count("nhwc_groups");
+    }
+    ctx.report.layouts[static_cast<std::size_t>(decision_of[group])].values.push_back(id);
+  }
+}
+
+/// Builds the rewritten graph. Each old value gets its NCHW and/or NHWC form in the new
+/// graph; the form its producer does not make is made on first demand by a transpose (a
+/// reshape when free), and every such reorder is recorded.
+class Rewriter {
+public:
+  Rewriter(const Graph& g, Analysis& a, const Weighing& w, PassContext& ctx, PassResult& result)
+      : g_(g), a_(a), w_(w), ctx_(ctx), result_(result),
+        as_nchw_(static_cast<std::size_t>(g.size()), -1),
+        as_nhwc_(static_cast<std::size_t>(g.size()), -1) {}
+
+  void rewrite(ValueId id) {
+    const Node& n = g_.node(id);
+    const auto at = static_cast<std::size_t>(id);
+    if (a_.at(a_.follower, id) && w_.nhwc[static_cast<std::size_t>(a_.groups.find(id))]) {
+      std::vector<ValueId> inputs;
+      for (ValueId in : n.inputs)
+        inputs.push_back(joins(g_, n, in) ? nhwc(in, reader(id)) : broadcast_operand(in, id));
+      as_nhwc_[at] =
+          append(out_, n.op, std::move(inputs), op_info(n.op).channels_last_attrs(n.attrs)).id;
+    } else if (a_.at(a_.eligible, id)) {
+      rewrite_convolution(id);
+    } else if (sums_to_rank4(n) && as_nchw_[static_cast<std::size_t>(n.inputs[0])] < 0) {
+      // Summing an NHWC value: sum in NHWC, then view the result as the NCHW shape.
+      const ValueId summed = append(out_, n.op, {as_nhwc_[static_cast<std::size_t>(n.inputs[0])]},
+                                    op_info(n.op).channels_last_attrs(n.attrs))
+                                 .id;
+      as_nchw_[at] = reorder(id, summed, nhwc_to_nchw, "NHWC", "NCHW", reader(id));
+    } else {
+      Node copy = n;
+      for (ValueId& in : copy.inputs) in = nchw(in, reader(id));
+      as_nchw_[at] = out_.push(std::move(copy)).id;
+    }
+  }
+
+  /// Replaces g's nodes by the rewritten ones; graph outputs are read as NCHW.
+  void finish(Graph& g) {
+    std::vector<ValueId> outputs;
+    for (ValueId o : g_.outputs()) outputs.push_back(nchw(o, "graph output"));
+    g.reset(std::move(out_.nodes()), std::move(outputs));
+  }
+
+private:
+  void rewrite_convolution(ValueId id) {
+    const Node& n = g_.node(id);
+    const ChannelsLastForm& form = op_info(n.op).channels_last_form;
+    std::vector<ValueId> inputs;
+    for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+      if (form.nhwc_inputs[k])
+        inputs.push_back(nhwc(n.inputs[k], reader(id)));
+      else if (form.packed_weight == static_cast<int>(k))
+        inputs.push_back(packed_weight(n.inputs[k], id));
+      else
+        inputs.push_back(nchw(n.inputs[k], reader(id)));
+    }
+    const ValueId made =
+        append(out_, n.op, std::move(inputs), op_info(n.op).channels_last_attrs(n.attrs)).id;
+    (form.nhwc_output ? as_nhwc_ : as_nchw_)[static_cast<std::size_t>(id)] = made;
+    result_.count("channels_last_convs");
+  }
+
+  ValueId reorder(ValueId of, ValueId from, std::span<const int> perm, std::string_view from_name,
+                  std::string_view to_name, const std::string& why) {
+    const Shape s = out_.node(from).type.shape;
+    if (is_free(s, perm))
+      return append(out_, Op::Reshape, {from}, ShapeAttrs{permuted(s, perm)}).id;
+    ctx_.report.transforms.push_back(
+        {of, std::string(from_name), std::string(to_name), s.numel(), why});
+    result_.count("reorders");
+    return append(out_, Op::Transpose, {from}, TransposeAttrs{{perm.begin(), perm.end()}}).id;
+  }
+  [[nodiscard]] std::string reader(ValueId c) const {
+    return "read by " + std::string(op_name(g_.node(c).op)) + " %" + std::to_string(c);
+  }
+  ValueId nchw(ValueId v, const std::string& why) {
+    ValueId& id = as_nchw_[static_cast<std::size_t>(v)];
+    if (id < 0)
+      id = reorder(v, as_nhwc_[static_cast<std::size_t>(v)], nhwc_to_nchw, "NHWC", "NCHW", why);
+    return id;
+  }
+  ValueId nhwc(ValueId v, const std::string& why) {
+    ValueId& id = as_nhwc_[static_cast<std::size_t>(v)];
+    if (id < 0)
+      id = reorder(v, as_nchw_[static_cast<std::size_t>(v)], nchw_to_nhwc, "NCHW", "NHWC", why);
+    return id;
+  }
+  /// A broadcast operand of an NHWC elementwise op, brought to rank 4 and reordered.
+  ValueId broadcast_operand(ValueId v, ValueId c) {
+    ValueId id = nchw(v, reader(c));
+    const Shape s = out_.node(id).type.shape;
+    if (s.rank() < 4) {
+      std::vector<std::int64_t> dims(static_cast<std::size_t>(4 - s.rank()), 1);
+      dims.insert(dims.end(), s.begin(), s.end());
+      id = append(out_, Op::Reshape, {id}, ShapeAttrs{Shape(dims.begin(), dims.end())}).id;
+    }
+    return reorder(v, id, nchw_to_nhwc, "NCHW", "NHWC", reader(c));
+  }
+  /// Weight `w` packed for convolution `conv`'s channels-last form, once per step and packing.
+  ValueId packed_weight(ValueId w, ValueId conv) {
+    const ChannelsLastForm& form = op_info(g_.node(conv).op).channels_last_form;
+    const auto key = std::make_pair(w, form.packed_layout);
+    if (const auto it = packed_.find(key); it != packed_.end()) return it->second;
+    result_.count("weight_packs");
+    const ValueId id =
+        reorder(w, nchw(w, reader(conv)), form.weight_pack, "OIHW", form.packed_layout,
+                "weight of " + std::string(op_name(g_.node(conv).op)) + " %" +
+                    std::to_string(conv) + ", packed once per step");
+    packed_.emplace(key, id);
+    return id;
+  }
+
+  const Graph& g_;
+  Analysis& a_;
+  const Weighing& w_;
+  PassContext& ctx_;
+  PassResult& result_;
+  Graph out_;
+  std::vector<ValueId> as_nchw_, as_nhwc_;
+  std::map<std::pair<ValueId, std::string_view>, ValueId> packed_;
+};
+
 } // namespace layout_detail
 
 /// The layout pass. Activations joined by elementwise ops and max pools form groups that
 /// must share one layout. A group that convolutions read or write becomes NHWC when the
 /// column matrices its convolutions' channels-last kernels avoid outweigh the reorders it
 /// needs at its edges (values made or read by ops that only know NCHW, graph outputs); a
-/// convolution runs channels-last only when all its activations do. Every decision and
-/// every inserted reorder is recorded in the compile report.
+/// convolution runs channels-last only when all its activations do and the target has a
+/// kernel for it. Every decision and every inserted reorder is recorded in the compile report.
 inline PassResult choose_layouts(Graph& g, PassContext& ctx) {
   using namespace layout_detail;
-  const auto count = static_cast<std::size_t>(g.size());
-  const auto users = consumers(g);
-  std::vector<bool> is_output(count, false);
-  for (ValueId o : g.outputs()) is_output[static_cast<std::size_t>(o)] = true;
-
-  Groups groups(count);
-  std::vector<bool> follower(count, false), eligible(count, false), touches_conv(count, false);
-  for (ValueId id = 0; id < g.size(); ++id) {
-    const Node& n = g.node(id);
-    if (follows_layout(n)) {
-      follower[static_cast<std::size_t>(id)] = true;
-      for (ValueId in : n.inputs)
-        if (joins(g, n, in)) groups.join(in, id);
-    }
-    if (is_conv(n.op))
-      eligible[static_cast<std::size_t>(id)] = has_channels_last_kernel(ctx.target, g, n);
-  }
-  for (ValueId id = 0; id < g.size(); ++id) {
-    const Node& n = g.node(id);
-    if (is_conv(n.op))
-      for (ValueId port : activation_ports(n, id))
-        touches_conv[static_cast<std::size_t>(groups.find(port))] = true;
-  }
-
-  // A value is made NHWC when its producer runs in the group's layout: a follower, or a
-  // channels-last convolution writing it. Everything else makes NCHW.
-  const auto made_nhwc = [&](ValueId v) {
-    const Node& n = g.node(v);
-    return follower[static_cast<std::size_t>(v)] ||
-           (eligible[static_cast<std::size_t>(v)] && n.op != Op::Conv2dGradWeight);
-  };
-  // Whether consumer `c` reads `v` in v's group layout.
-  const auto reads_in_layout = [&](ValueId v, ValueId c) {
-    const Node& n = g.node(c);
-    if (follower[static_cast<std::size_t>(c)]) return joins(g, n, v);
-    if (eligible[static_cast<std::size_t>(c)]) {
-      const auto ports = activation_ports(n, c);
-      return ports[0] == v || ports[1] == v;
-    }
-    return n.op == Op::SumTo && std::get<ShapeAttrs>(n.attrs).shape.rank() == 4;
-  };
-
-  // saved/cost: this weighing; weighed_*: the last weighing in which a group had something
-  // to save, which is what the report quotes for a group that stays NCHW.
-  std::vector<std::int64_t> saved(count), cost(count), weighed_saved(count, 0),
-      weighed_cost(count, 0);
-  std::vector<bool> nhwc(count, false);
-  for (bool settled = false; !settled;) {
-    std::fill(saved.begin(), saved.end(), 0);
-    std::fill(cost.begin(), cost.end(), 0);
-    for (ValueId id = 0; id < g.size(); ++id) {
-      const Node& n = g.node(id);
-      if (eligible[static_cast<std::size_t>(id)]) {
-        const std::int64_t bytes = column_matrix_bytes(g, n, id);
-        for (ValueId port : activation_ports(n, id))
-          saved[static_cast<std::size_t>(groups.find(port))] += bytes / 2;
-      }
-      const ValueId group = groups.find(id);
-      if (!touches_conv[static_cast<std::size_t>(group)] || n.type.shape.rank() != 4) continue;
-      const std::int64_t reorder = reorder_bytes(n.type.shape, nchw_to_nhwc);
-      bool read_as_nchw = is_output[static_cast<std::size_t>(id)];
-      for (ValueId c : users[static_cast<std::size_t>(id)])
-        read_as_nchw = read_as_nchw || !reads_in_layout(id, c);
-      if (!made_nhwc(id)) cost[static_cast<std::size_t>(group)] += reorder;
-      if (read_as_nchw) cost[static_cast<std::size_t>(group)] += reorder;
-    }
-    for (std::size_t v = 0; v < count; ++v) {
-      nhwc[v] = saved[v] > cost[v];
-      if (saved[v] > 0) {
-        weighed_saved[v] = saved[v];
-        weighed_cost[v] = cost[v];
-      }
-    }
-    // A convolution whose activations did not all go NHWC stays NCHW; then weigh again.
-    settled = true;
-    for (ValueId id = 0; id < g.size(); ++id) {
-      if (!eligible[static_cast<std::size_t>(id)]) continue;
-      for (ValueId port : activation_ports(g.node(id), id)) {
-        if (!nhwc[static_cast<std::size_t>(groups.find(port))]) {
-          eligible[static_cast<std::size_t>(id)] = false;
-          settled = false;
-        }
-      }
-    }
-  }
-
+  Analysis analysis = analyse(g, ctx.target);
+  const Weighing weighing = weigh(g, analysis);
   PassResult result;
-  // Record the decision for every group a convolution touches.
-  std::vector<std::int32_t> decision_of(count, -1);
-  for (ValueId id = 0; id < g.size(); ++id) {
-    const auto group = static_cast<std::size_t>(groups.find(id));
-    if (!touches_conv[group] || g.node(id).type.shape.rank() != 4) continue;
-    if (decision_of[group] < 0) {
-      decision_of[group] = static_cast<std::int32_t>(ctx.report.layouts.size());
-      const LayoutReason reason = nhwc[group]                ? LayoutReason::channels_last
-                                  : weighed_saved[group] > 0 ? LayoutReason::reorders_cost_more
-                                                             : LayoutReason::not_eligible;
-      ctx.report.layouts.push_back(
-          {{}, nhwc[group] ? "NHWC" : "NCHW", reason, weighed_saved[group], weighed_cost[group]});
-      if (nhwc[group]) result.count("nhwc_groups");
-    }
-    ctx.report.layouts[static_cast<std::size_t>(decision_of[group])].values.push_back(id);
-  }
+  record_decisions(g, analysis, weighing, ctx, result);
   if (result.stats.empty()) return result;
-
-  // Rewrite. Each old value gets its NCHW and/or NHWC form in the new graph; the form its
-  // producer does not make is made on first demand by a transpose (a reshape when free).
-  Graph out;
-  std::vector<ValueId> as_nchw(count, -1), as_nhwc(count, -1), packed_forward(count, -1),
-      packed_backward(count, -1);
-  const auto push_copy = [&](Node node) {
-    out.nodes().push_back(std::move(node));
-    return static_cast<ValueId>(out.size() - 1);
-  };
-  const auto reorder = [&](ValueId of, ValueId from, std::span<const int> perm,
-                           const char* from_name, const char* to_name, const std::string& why) {
-    const Shape& s = out.node(from).type.shape;
-    if (is_free(s, perm)) return append(out, Op::Reshape, {from}, ShapeAttrs{permuted(s, perm)}).id;
-    ctx.report.transforms.push_back({of, from_name, to_name, s.numel(), why});
-    result.count("reorders");
-    return append(out, Op::Transpose, {from}, TransposeAttrs{{perm.begin(), perm.end()}}).id;
-  };
-  const auto reader = [&](ValueId c) {
-    return "read by " + std::string(op_name(g.node(c).op)) + " %" + std::to_string(c);
-  };
-  const auto nchw = [&](ValueId v, const std::string& why) {
-    ValueId& id = as_nchw[static_cast<std::size_t>(v)];
-    if (id < 0)
-      id = reorder(v, as_nhwc[static_cast<std::size_t>(v)], nhwc_to_nchw, "NHWC", "NCHW", why);
-    return id;
-  };
-  const auto nhwc_of = [&](ValueId v, const std::string& why) {
-    ValueId& id = as_nhwc[static_cast<std::size_t>(v)];
-    if (id < 0)
-      id = reorder(v, as_nchw[static_cast<std::size_t>(v)], nchw_to_nhwc, "NCHW", "NHWC", why);
-    return id;
-  };
-  // A broadcast operand of an NHWC elementwise op, brought to rank 4 and reordered.
-  const auto broadcast_operand = [&](ValueId v, ValueId c) {
-    ValueId id = nchw(v, reader(c));
-    const Shape s = out.node(id).type.shape;
-    if (s.rank() < 4) {
-      std::vector<std::int64_t> dims(static_cast<std::size_t>(4 - s.rank()), 1);
-      dims.insert(dims.end(), s.begin(), s.end());
-      id = append(out, Op::Reshape, {id}, ShapeAttrs{Shape(dims.begin(), dims.end())}).id;
-    }
-    return reorder(v, id, nchw_to_nhwc, "NCHW", "NHWC", reader(c));
-  };
-  const auto packed_weight = [&](ValueId w, ValueId conv, bool forward) {
-    ValueId& id = (forward ? packed_forward : packed_backward)[static_cast<std::size_t>(w)];
-    if (id < 0) {
-      result.count("weight_packs");
-      id = reorder(w, nchw(w, reader(conv)), forward ? forward_weight_pack : backward_weight_pack,
-                   "OIHW", forward ? "HWIO" : "HWOI",
-                   "weight of " + std::string(op_name(g.node(conv).op)) + " %" +
-                       std::to_string(conv) + ", packed once per step");
-    }
-    return id;
-  };
-
-  for (ValueId id = 0; id < g.size(); ++id) {
-    const Node& n = g.node(id);
-    const auto at = static_cast<std::size_t>(id);
-    const bool group_nhwc = nhwc[static_cast<std::size_t>(groups.find(id))];
-    if (follower[at] && group_nhwc) {
-      std::vector<ValueId> inputs;
-      for (ValueId in : n.inputs)
-        inputs.push_back(joins(g, n, in) ? nhwc_of(in, reader(id)) : broadcast_operand(in, id));
-      Attrs attrs = n.attrs;
-      if (auto* pool = std::get_if<Pool2dAttrs>(&attrs)) pool->channels_last = true;
-      if (auto* target = std::get_if<ShapeAttrs>(&attrs)) // broadcast_to
-        target->shape = permuted(target->shape, nchw_to_nhwc);
-      as_nhwc[at] = append(out, n.op, std::move(inputs), std::move(attrs)).id;
-      continue;
-    }
-    if (eligible[at]) {
-      auto attrs = std::get<Conv2dAttrs>(n.attrs);
-      attrs.channels_last = true;
-      std::vector<ValueId> inputs{nhwc_of(n.inputs[0], reader(id))};
-      if (n.op == Op::Conv2dGradWeight)
-        inputs.push_back(nhwc_of(n.inputs[1], reader(id)));
-      else
-        inputs.push_back(packed_weight(n.inputs[1], id, n.op == Op::Conv2d));
-      const ValueId made = append(out, n.op, std::move(inputs), attrs).id;
-      (n.op == Op::Conv2dGradWeight ? as_nchw : as_nhwc)[at] = made;
-      result.count("channels_last_convs");
-      continue;
-    }
-    const ValueId in0 = n.inputs.empty() ? -1 : n.inputs[0];
-    if (n.op == Op::SumTo && as_nchw[static_cast<std::size_t>(in0)] < 0 &&
-        std::get<ShapeAttrs>(n.attrs).shape.rank() == 4) {
-      // Summing an NHWC value: sum in NHWC, then view the result as the NCHW shape.
-      const Shape to = permuted(std::get<ShapeAttrs>(n.attrs).shape, nchw_to_nhwc);
-      const ValueId summed =
-          append(out, Op::SumTo, {as_nhwc[static_cast<std::size_t>(in0)]}, ShapeAttrs{to}).id;
-      as_nchw[at] = reorder(id, summed, nhwc_to_nchw, "NHWC", "NCHW", reader(id));
-      continue;
-    }
-    Node copy = n;
-    for (ValueId& in : copy.inputs) in = nchw(in, reader(id));
-    as_nchw[at] = push_copy(std::move(copy));
-  }
-  std::vector<ValueId> outputs;
-  for (ValueId o : g.outputs()) outputs.push_back(nchw(o, "graph output"));
-  g.reset(std::move(out.nodes()), std::move(outputs));
+  Rewriter rewriter(g, analysis, weighing, ctx, result);
+  for (ValueId id = 0; id < g.size(); ++id) rewriter.rewrite(id);
+  rewriter.finish(g);
   return result;
 }
 

@@ -5,7 +5,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <limits>
 #include <numeric>
 #include <type_traits>
 #include <unordered_map>
@@ -19,26 +18,6 @@
 namespace kiln {
 
 namespace detail {
-
-/// overwritten_at() of a value no assign writes.
-inline constexpr ValueId never_overwritten = std::numeric_limits<ValueId>::max();
-
-/// For every value, the position of the node (an assign, a fused store) that overwrites its
-/// storage, else never_overwritten. A param and the views of it hold the old contents before
-/// that node and the new ones after, so a rewrite must not move a read of them across it (the
-/// verifier only catches direct reads of the param, not reads through a view).
-inline std::vector<ValueId> overwritten_at(const Graph& g) {
-  std::vector<ValueId> at(static_cast<std::size_t>(g.size()), never_overwritten);
-  for (ValueId id = 0; id < g.size(); ++id)
-    for (ValueId param : assigned_params(g.node(id))) at[static_cast<std::size_t>(param)] = id;
-  for (ValueId id = 0; id < g.size(); ++id)
-    if (op_info(g.node(id).op).is_view)
-      at[static_cast<std::size_t>(id)] = at[static_cast<std::size_t>(g.node(id).inputs[0])];
-  return at;
-}
-
-/// Operand order does not change the result (IEEE addition and multiplication commute).
-constexpr bool is_commutative(Op op) { return op == Op::Add || op == Op::Mul; }
 
 inline std::size_t hash_mix(std::size_t h, std::size_t v) {
   return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
@@ -100,7 +79,7 @@ struct CseKeyHash {
 /// side of its assign see different contents and are not merged. Expected O(n) with hashing.
 inline PassResult eliminate_common_subexpressions(Graph& g, PassContext&) {
   const auto n = static_cast<std::size_t>(g.size());
-  const std::vector<ValueId> overwritten = detail::overwritten_at(g);
+  const std::vector<ValueId> overwritten = overwritten_at(g);
   std::vector<ValueId> forward(n);
   std::iota(forward.begin(), forward.end(), ValueId{0});
   std::vector<bool> keep(n, true);
@@ -108,10 +87,11 @@ inline PassResult eliminate_common_subexpressions(Graph& g, PassContext&) {
   std::int64_t merged = 0;
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& node = g.node(id);
-    if (node.op == Op::Input || node.op == Op::Param || has_side_effect(node)) continue;
+    const OpInfo& info = op_info(node.op);
+    if (info.is_source() || has_side_effect(node)) continue;
     detail::CseKey key{node.op, {}, 0, detail::hash_attrs(node.attrs)};
     for (ValueId in : node.inputs) key.inputs.push_back(forward[static_cast<std::size_t>(in)]);
-    if (detail::is_commutative(node.op)) std::sort(key.inputs.begin(), key.inputs.end());
+    if (info.commutative) std::sort(key.inputs.begin(), key.inputs.end());
     for (std::size_t i = 0; i < key.inputs.size(); ++i)
       if (id > overwritten[static_cast<std::size_t>(key.inputs[i])])
         key.reads_after_assign |= 1u << i;

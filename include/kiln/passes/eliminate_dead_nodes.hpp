@@ -14,7 +14,8 @@ inline PassResult eliminate_dead_nodes(Graph& g, PassContext&) {
   for (ValueId o : g.outputs()) live[static_cast<std::size_t>(o)] = true;
   for (ValueId id = g.size() - 1; id >= 0; --id) {
     const Node& n = g.node(id);
-    if (has_side_effect(n) || n.op == Op::Input) live[static_cast<std::size_t>(id)] = true;
+    if (has_side_effect(n) || op_info(n.op).role == OpRole::input)
+      live[static_cast<std::size_t>(id)] = true;
     if (!live[static_cast<std::size_t>(id)]) continue;
     for (ValueId in : n.inputs) live[static_cast<std::size_t>(in)] = true;
   }

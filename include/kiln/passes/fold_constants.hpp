@@ -34,7 +34,7 @@ constexpr std::array<ScalarBody, op_count> scalar_bodies() {
 
 /// Replaces by a fill each node whose inputs are all fills and whose value is then one number:
 /// an elementwise op (computed with its scalar body; broadcasting keeps every element
-/// equal), reshape and broadcast_to (the same value in the node's shape), and sum_to (the
+/// equal), views and broadcast_to (the same value in the node's shape), and sum_to (the
 /// value times the number of elements summed into each output element). Folding runs in
 /// graph order, so chains fold in one run. The fills it no longer reads are left for
 /// dead-node elimination.
@@ -45,7 +45,8 @@ inline PassResult fold_constants(Graph& g, PassContext&) {
     const Node& node = g.node(id);
     if (node.inputs.empty() || node.type.dtype != DType::f32) continue;
     bool constant = true;
-    for (ValueId in : node.inputs) constant = constant && g.node(in).op == Op::Fill;
+    for (ValueId in : node.inputs)
+      constant = constant && std::holds_alternative<FillAttrs>(g.node(in).attrs);
     if (!constant) continue;
     const auto input = [&](std::size_t i) {
       return std::get<FillAttrs>(g.node(node.inputs[i]).attrs).value;
@@ -55,7 +56,7 @@ inline PassResult fold_constants(Graph& g, PassContext&) {
       const auto* scalar = std::get_if<ScalarAttrs>(&node.attrs);
       value = body(input(0), node.inputs.size() > 1 ? input(1) : input(0),
                    scalar ? scalar->value : 0.0f);
-    } else if (node.op == Op::Reshape) {
+    } else if (op_info(node.op).is_view) {
       value = input(0);
     } else if (node.op == Op::SumTo) {
       const std::int64_t summed =

@@ -71,8 +71,8 @@ inline PassResult fuse_elementwise(Graph& g, PassContext& ctx) {
       for (ValueId p : g.node(member).inputs) {
         const auto pu = static_cast<std::size_t>(p);
         const Node& pn = g.node(p);
-        if (group_of[pu] == gid || pn.op == Op::Input || pn.op == Op::Param || pn.op == Op::Fill)
-          continue;
+        const OpRole role = op_info(pn.op).role;
+        if (group_of[pu] == gid || op_info(pn.op).is_source() || role == OpRole::constant) continue;
         if (!detail::fusable(pn)) {
           decide(p, member, FusionReason::not_fusable);
           continue;
@@ -89,11 +89,9 @@ inline PassResult fuse_elementwise(Graph& g, PassContext& ctx) {
         std::vector<ValueId> absorbed;
         const bool all_inside = std::all_of(users[pu].begin(), users[pu].end(), [&](ValueId u) {
           if (group_of[static_cast<std::size_t>(u)] == gid) return true;
-          const Node& un = g.node(u);
-          if (un.op != Op::Assign || un.inputs[1] != p || g.node(un.inputs[0]).op != Op::Param)
+          if (g.node(u).inputs.size() < 2 || g.node(u).inputs[1] != p ||
+              !assign_can_become_store(g, users, u, root))
             return false;
-          for (ValueId reader : users[static_cast<std::size_t>(un.inputs[0])])
-            if (reader != u && reader > root) return false;
           absorbed.push_back(u);
           return true;
         });

@@ -61,15 +61,6 @@ inline PassResult fuse_epilogue(Graph& g, PassContext& ctx) {
   const auto decide = [&](ValueId producer, ValueId consumer, FusionReason reason) {
     ctx.decide("fuse_epilogue", g, producer, consumer, reason);
   };
-  // Whether a node in (from, to) overwrites a param that `reader` reads.
-  const auto updated_between = [&](const Node& reader, ValueId from, ValueId to) {
-    for (ValueId k = from + 1; k < to; ++k)
-      for (ValueId target : assigned_params(g.node(k)))
-        if (std::find(reader.inputs.begin(), reader.inputs.end(), target) != reader.inputs.end())
-          return true;
-    return false;
-  };
-
   for (ValueId id = 0; id < g.size(); ++id) {
     detail::ConsumerProgram consumer;
     if (!detail::consumer_program(g.node(id), consumer)) continue;
@@ -96,7 +87,7 @@ inline PassResult fuse_epilogue(Graph& g, PassContext& ctx) {
         decide(p, id, FusionReason::would_duplicate_work);
         continue;
       }
-      if (updated_between(anchor, p, id)) {
+      if (updated_between(g, anchor, p, id)) {
         decide(p, id, FusionReason::state_hazard);
         continue;
       }
@@ -110,14 +101,11 @@ inline PassResult fuse_epilogue(Graph& g, PassContext& ctx) {
       const auto& readers = users[static_cast<std::size_t>(id)];
       if (readers.size() == 1 && !is_output[static_cast<std::size_t>(id)]) {
         const Node& a = g.node(readers[0]);
-        if (a.op == Op::Assign && a.inputs[1] == id && g.node(a.inputs[0]).op == Op::Param) {
-          const auto& param_readers = users[static_cast<std::size_t>(a.inputs[0])];
-          if (std::none_of(param_readers.begin(), param_readers.end(),
-                           [&](ValueId r) { return r != readers[0] && r > id; })) {
-            absorbed = readers[0];
-            if (std::find(extra.begin(), extra.end(), a.inputs[0]) == extra.end())
-              extra.push_back(a.inputs[0]);
-          }
+        if (a.inputs.size() == 2 && a.inputs[1] == id &&
+            assign_can_become_store(g, users, readers[0], id)) {
+          absorbed = readers[0];
+          if (std::find(extra.begin(), extra.end(), a.inputs[0]) == extra.end())
+            extra.push_back(a.inputs[0]);
         }
       }
       if (static_cast<int>(extra.size()) + anchor_arity > max_op_inputs) {

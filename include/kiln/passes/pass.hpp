@@ -15,6 +15,7 @@
 
 #include "kiln/ir/graph.hpp"
 #include "kiln/ir/printer.hpp"
+#include "kiln/ops/effects.hpp"
 #include "kiln/ops/verifier.hpp"
 #include "kiln/passes/report.hpp"
 #include "kiln/passes/target.hpp"

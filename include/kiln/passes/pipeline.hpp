@@ -6,6 +6,7 @@
 
 #include "kiln/passes/canonicalize.hpp"
 #include "kiln/passes/choose_layouts.hpp"
+#include "kiln/passes/compute_in_place.hpp"
 #include "kiln/passes/eliminate_common_subexpressions.hpp"
 #include "kiln/passes/eliminate_dead_nodes.hpp"
 #include "kiln/passes/fold_constants.hpp"
@@ -24,7 +25,8 @@ namespace kiln {
 /// them). Layouts are chosen before fusion, so that fused kernels run in the layout their
 /// anchors read and write. Elementwise chains fuse before epilogues, so that a
 /// whole chain (bias, relu; or an optimizer update) becomes one anchor's epilogue. The
-/// schedule comes last: it orders the kernels that fusion left.
+/// schedule orders the kernels that fusion left, and in-place reuse, which decides by that
+/// order, comes last.
 inline constexpr std::array default_pipeline = {
     Pass{"fold", &fold_constants},
     Pass{"canonicalize", &canonicalize},
@@ -36,11 +38,7 @@ inline constexpr std::array default_pipeline = {
     Pass{"fuse_epilogue", &fuse_epilogue},
     Pass{"fuse_loss", &fuse_loss},
     Pass{"schedule", &schedule_for_memory},
+    Pass{"inplace", &compute_in_place},
 };
-
-/// Switches honoured by lowering rather than by a pass: "plan_memory" (share arena memory
-/// between buffers whose lifetimes do not overlap) and "inplace" (an update computed
-/// elementwise is written straight into the parameter it replaces).
-inline constexpr std::array<std::string_view, 2> lowering_switches = {"plan_memory", "inplace"};
 
 } // namespace kiln

@@ -13,26 +13,9 @@
 #include "kiln/ops/registry.hpp"
 #include "kiln/passes/pass.hpp"
 #include "kiln/passes/rewrite.hpp"
+#include "kiln/passes/storage.hpp"
 
 namespace kiln {
-
-namespace schedule_detail {
-
-/// The node whose memory a view of `v` reads (v itself when it is not a view).
-inline ValueId storage_of(const Graph& g, ValueId v) {
-  while (op_info(g.node(v).op).is_view) v = g.node(v).inputs[0];
-  return v;
-}
-
-inline bool owns_arena_memory(const Node& n) {
-  return n.op != Op::Input && n.op != Op::Param && !op_info(n.op).is_view;
-}
-
-inline std::int64_t bytes_of(const Node& n) {
-  return n.type.shape.numel() * static_cast<std::int64_t>(dtype_size(n.type.dtype));
-}
-
-} // namespace schedule_detail
 
 /// The scheduling pass. Besides its inputs, a node that stores into a param (an assign, or
 /// a fused kernel's store) waits for every other node reading that param, so every read still
@@ -40,7 +23,7 @@ inline std::int64_t bytes_of(const Node& n) {
 /// params go first (they cost nothing), then the node with the largest bytes freed minus bytes
 /// allocated; ties keep graph order, so a graph whose order is already best is left as it is.
 inline PassResult schedule_for_memory(Graph& g, PassContext&) {
-  using namespace schedule_detail;
+  const StorageMap storage = storage_map(g);
   const auto count = static_cast<std::size_t>(g.size());
   const auto at = [](ValueId v) { return static_cast<std::size_t>(v); };
 
@@ -61,7 +44,7 @@ inline PassResult schedule_for_memory(Graph& g, PassContext&) {
     // The value an assign stores is best computed straight into the param (lowering's
     // in-place update), which needs the param's other readers to have run by then. Edges
     // that follow graph order cannot close a cycle.
-    if (n.op == Op::Assign)
+    if (op_info(n.op).role == OpRole::update)
       for (ValueId reader : users[at(n.inputs[0])])
         if (reader < n.inputs[1]) add_edge(reader, n.inputs[1]);
   }
@@ -69,11 +52,11 @@ inline PassResult schedule_for_memory(Graph& g, PassContext&) {
   // Uses left of each storage, counted once per reading node; outputs are never freed.
   std::vector<int> uses_left(count, 0);
   std::vector<bool> pinned(count, false);
-  for (ValueId o : g.outputs()) pinned[at(storage_of(g, o))] = true;
+  for (ValueId o : g.outputs()) pinned[at(storage.root_of(o))] = true;
   const auto storages_read = [&](ValueId id) {
     std::vector<ValueId> read;
     for (ValueId in : g.node(id).inputs) {
-      const ValueId s = storage_of(g, in);
+      const ValueId s = storage.root_of(in);
       if (std::find(read.begin(), read.end(), s) == read.end()) read.push_back(s);
     }
     return read;
@@ -85,12 +68,13 @@ inline PassResult schedule_for_memory(Graph& g, PassContext&) {
     for (ValueId s : reads[at(id)]) ++uses_left[at(s)];
   }
 
+  const auto bytes_of = [&](ValueId v) {
+    return allocates(g, storage, v) ? static_cast<std::int64_t>(value_bytes(g.node(v))) : 0;
+  };
   const auto net_freed = [&](ValueId id) {
-    const Node& n = g.node(id);
-    std::int64_t net = owns_arena_memory(n) ? -bytes_of(n) : 0;
+    std::int64_t net = -bytes_of(id);
     for (ValueId s : reads[at(id)])
-      if (uses_left[at(s)] == 1 && !pinned[at(s)] && owns_arena_memory(g.node(s)))
-        net += bytes_of(g.node(s));
+      if (uses_left[at(s)] == 1 && !pinned[at(s)]) net += bytes_of(s);
     return net;
   };
 
@@ -103,7 +87,7 @@ inline PassResult schedule_for_memory(Graph& g, PassContext&) {
     std::int64_t best_score = 0;
     for (std::size_t k = 0; k < ready.size(); ++k) {
       const ValueId id = ready[k];
-      const bool free_node = !owns_arena_memory(g.node(id));
+      const bool free_node = !allocates(g, storage, id);
       if (free_node) {
         best = k;
         break;
