@@ -8,7 +8,7 @@
 
 #include "kiln/kiln.hpp"
 
-#include "graph_test_helpers.hpp"
+#include "support/graph_test_helpers.hpp"
 
 namespace {
 

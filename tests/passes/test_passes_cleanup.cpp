@@ -14,11 +14,11 @@
 
 #include "kiln/kiln.hpp"
 
-#include "graph_test_helpers.hpp"
 #include "kiln/passes/canonicalize.hpp"
 #include "kiln/passes/eliminate_common_subexpressions.hpp"
 #include "kiln/passes/eliminate_dead_nodes.hpp"
 #include "kiln/passes/fold_constants.hpp"
+#include "support/graph_test_helpers.hpp"
 
 namespace {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "graph_test_helpers.hpp"
 #include "kiln/kiln.hpp"
+#include "support/graph_test_helpers.hpp"
 
 namespace {
 
