@@ -11,7 +11,7 @@
 
 #include "kiln/core/rng.hpp"
 #include "kiln/kiln.hpp"
-#include "kiln/ops/scalar_math.hpp"
+#include "kiln/ops/scalar_body.hpp"
 #include "ops/reference_gemm_conv.hpp"
 #include "ops/reference_pool_softmax.hpp"
 
@@ -73,25 +73,6 @@ inline std::int64_t broadcast_index(const Shape& out, const Shape& in, std::int6
   return index;
 }
 
-using ScalarBody = float (*)(float a, float b, float scalar);
-
-template <Op op> float scalar_body(float a, float b, float scalar) {
-  return OpDef<op>::apply(ScalarMath{}, a, b, scalar);
-}
-
-/// The scalar body of every elementwise op (OpDef::apply over ScalarMath), null for others.
-inline const std::array<ScalarBody, op_count>& scalar_bodies() {
-  static const std::array<ScalarBody, op_count> bodies = [] {
-    std::array<ScalarBody, op_count> t{};
-#define KILN_TEST_SCALAR_BODY(name, spelling)                                                      \
-  if constexpr (OpDef<Op::name>::is_elementwise) t[op_index(Op::name)] = &scalar_body<Op::name>;
-    KILN_OP_LIST(KILN_TEST_SCALAR_BODY)
-#undef KILN_TEST_SCALAR_BODY
-    return t;
-  }();
-  return bodies;
-}
-
 /// An elementwise op: its own body, element by element, operands broadcast to the output.
 template <Op op> std::vector<float> elementwise(const RefCall& c) {
   const auto* scalar = std::get_if<ScalarAttrs>(&c.attrs);
@@ -110,6 +91,7 @@ template <Op op> std::vector<float> elementwise(const RefCall& c) {
 /// A fused program: every step's scalar body, element by element.
 inline std::vector<float> fused(const RefCall& c) {
   const FusedAttrs& a = std::get<FusedAttrs>(c.attrs);
+  static constexpr auto bodies = scalar_bodies();
   std::vector<float> out(static_cast<std::size_t>(c.out.numel())), steps(a.program.size());
   for (std::int64_t i = 0; i < c.out.numel(); ++i) {
     const auto operand = [&](int v) {
@@ -119,7 +101,7 @@ inline std::vector<float> fused(const RefCall& c) {
     };
     for (std::size_t s = 0; s < a.program.size(); ++s) {
       const FusedInstruction& f = a.program[s];
-      steps[s] = scalar_bodies()[op_index(f.op)](operand(f.a), operand(f.b), f.scalar);
+      steps[s] = bodies[op_index(f.op)](operand(f.a), operand(f.b), f.scalar);
     }
     out[static_cast<std::size_t>(i)] = steps.back();
   }

@@ -446,7 +446,7 @@ TEST_CASE("canonicalize: fills become scalars and scalar chains combine") {
   kiln::verify(g);
 }
 
-TEST_CASE("canonicalize: negations fold into subtractions and scalars; add and mul order their "
+TEST_CASE("canonicalize: negations fold into subtractions and scalars, and add and mul order their "
           "operands") {
   kiln::Graph g;
   auto a = g.input("a", {2, 3});

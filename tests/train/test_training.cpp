@@ -77,7 +77,7 @@ TEST_CASE("Adam follows its update with bias correction") {
   }
 }
 
-TEST_CASE("an MLP learns 4 blobs with SGD and with Adam; eval graph shares the weights") {
+TEST_CASE("an MLP learns 4 blobs with SGD and with Adam, and its eval graph shares the weights") {
   std::vector<float> xs;
   std::vector<std::int32_t> ys;
   make_blobs(xs, ys, 64, 3);

@@ -42,15 +42,6 @@ inline bool can_update_in_place(const Graph& g, ValueId u, const InPlaceRoots& r
   return true;
 }
 
-/// Step index of each node that runs a kernel, -1 for the others.
-inline std::vector<int> number_steps(const Graph& g) {
-  std::vector<int> step_of(static_cast<std::size_t>(g.size()), -1);
-  int steps = 0;
-  for (ValueId id = 0; id < g.size(); ++id)
-    if (runs_kernel(g.node(id))) step_of[static_cast<std::size_t>(id)] = steps++;
-  return step_of;
-}
-
 /// The last step reading each value, directly or through its views.
 inline std::vector<int> last_reads(const Graph& g, const std::vector<int>& step_of) {
   std::vector<int> last(static_cast<std::size_t>(g.size()), -1);
@@ -118,7 +109,7 @@ inline PassResult compute_in_place(Graph& g, PassContext&) {
     result.count("updates_in_place");
   }
 
-  const std::vector<int> step_of = detail::number_steps(g);
+  const std::vector<int> step_of = number_steps(g);
   const std::vector<int> last = detail::last_reads(g, step_of);
   std::vector<int> class_last(count, -1); // the last step reading any value of a storage
   std::vector<bool> pinned(count, false); // inputs, params, outputs: memory that must survive

@@ -1,36 +1,14 @@
 // fold_constants: computes at compile time the nodes whose inputs are all fills.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <variant>
 
 #include "kiln/ops/registry.hpp"
-#include "kiln/ops/scalar_math.hpp"
+#include "kiln/ops/scalar_body.hpp"
 #include "kiln/passes/pass.hpp"
 
 namespace kiln {
-
-namespace detail {
-
-using ScalarBody = float (*)(float a, float b, float scalar);
-
-template <Op op> float scalar_body(float a, float b, float scalar) {
-  return OpDef<op>::apply(ScalarMath{}, a, b, scalar);
-}
-
-/// The scalar body of every elementwise op, nullptr for the others. Folding uses the same
-/// body as the kernels' reference, so a folded fill holds what the kernel would compute.
-constexpr std::array<ScalarBody, op_count> scalar_bodies() {
-  std::array<ScalarBody, op_count> t{};
-#define KILN_SCALAR_BODY(name, spelling)                                                           \
-  if constexpr (OpDef<Op::name>::is_elementwise) t[op_index(Op::name)] = &scalar_body<Op::name>;
-  KILN_OP_LIST(KILN_SCALAR_BODY)
-#undef KILN_SCALAR_BODY
-  return t;
-}
-
-} // namespace detail
 
 /// Replaces by a fill each node whose inputs are all fills and whose value is then one number:
 /// an elementwise op (computed with its scalar body; broadcasting keeps every element
@@ -39,7 +17,8 @@ constexpr std::array<ScalarBody, op_count> scalar_bodies() {
 /// graph order, so chains fold in one run. The fills it no longer reads are left for
 /// dead-node elimination.
 inline PassResult fold_constants(Graph& g, PassContext&) {
-  static constexpr auto bodies = detail::scalar_bodies();
+  // Folding uses the kernels' reference body, so a folded fill holds what the kernel computes.
+  static constexpr auto bodies = scalar_bodies();
   std::int64_t folded = 0;
   for (ValueId id = 0; id < g.size(); ++id) {
     const Node& node = g.node(id);
@@ -52,7 +31,7 @@ inline PassResult fold_constants(Graph& g, PassContext&) {
       return std::get<FillAttrs>(g.node(node.inputs[i]).attrs).value;
     };
     float value = 0.0f;
-    if (const detail::ScalarBody body = bodies[op_index(node.op)]) {
+    if (const ScalarBody body = bodies[op_index(node.op)]) {
       const auto* scalar = std::get_if<ScalarAttrs>(&node.attrs);
       value = body(input(0), node.inputs.size() > 1 ? input(1) : input(0),
                    scalar ? scalar->value : 0.0f);

@@ -34,6 +34,15 @@ inline bool runs_kernel(const Node& n) {
   return info.computes() && !(info.role == OpRole::update && n.in_place_of >= 0);
 }
 
+/// Step index of each node that runs a kernel (graph order), -1 for the others.
+inline std::vector<int> number_steps(const Graph& g) {
+  std::vector<int> step_of(static_cast<std::size_t>(g.size()), -1);
+  int steps = 0;
+  for (ValueId id = 0; id < g.size(); ++id)
+    if (runs_kernel(g.node(id))) step_of[static_cast<std::size_t>(id)] = steps++;
+  return step_of;
+}
+
 inline StorageMap storage_map(const Graph& g) {
   const auto count = static_cast<std::size_t>(g.size());
   std::vector<ValueId> parent(count);

@@ -49,15 +49,6 @@ inline std::size_t unshared_bytes(const Graph& g) {
 
 namespace lowering {
 
-/// Step index of each node that runs a kernel (graph order), -1 for the others.
-inline std::vector<int> number_steps(const Graph& g) {
-  std::vector<int> step_of(static_cast<std::size_t>(g.size()), -1);
-  int steps = 0;
-  for (ValueId id = 0; id < g.size(); ++id)
-    if (runs_kernel(g.node(id))) step_of[static_cast<std::size_t>(id)] = steps++;
-  return step_of;
-}
-
 /// The arena buffers: one per storage root that is not a param, alive from its first step
 /// to its last reader (graph inputs and outputs for the whole run, so a run can be repeated
 /// on the same inputs and outputs read after it).
@@ -181,7 +172,7 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
   plan.target = backend.target();
   plan.threads = options.threads > 0 ? options.threads : plan.target.default_threads;
   const StorageMap storage = storage_map(g);
-  const std::vector<int> step_of = lowering::number_steps(g);
+  const std::vector<int> step_of = number_steps(g);
   lowering::Buffers buffers = lowering::live_ranges(g, storage, step_of);
   plan.memory =
       options.share_memory ? plan_memory(buffers.requests) : place_separately(buffers.requests);

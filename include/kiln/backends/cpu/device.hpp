@@ -9,12 +9,21 @@
 #include <span>
 #include <string>
 
+#include <sys/sysinfo.h>
+
 #include <oneapi/tbb/task_arena.h>
 
 #include "kiln/core/error.hpp"
 #include "kiln/plan/backend.hpp"
 
 namespace kiln::cpu {
+
+/// Physical memory plus swap: the most one allocation could ever be given.
+inline std::size_t host_memory_bytes() {
+  struct sysinfo info {};
+  if (sysinfo(&info) != 0) return std::numeric_limits<std::size_t>::max();
+  return (std::size_t{info.totalram} + std::size_t{info.totalswap}) * info.mem_unit;
+}
 
 /// Runs a plan's kernels in one oneTBB arena of `workers` threads; its memory is the host's.
 class CpuDevice final : public Device {
@@ -24,14 +33,19 @@ public:
   [[nodiscard]] int workers() const override { return workers_; }
   [[nodiscard]] bool shares_host_memory() const override { return true; }
 
-  /// 64-byte aligned with a cache line of slack past the end, zero-filled.
+  /// 64-byte aligned with a cache line of slack past the end, zero-filled. A request beyond the
+  /// machine's memory and swap is refused before asking the allocator: zero-filling it would end
+  /// in the kernel's out-of-memory killer rather than an error.
   [[nodiscard]] std::byte* allocate(std::size_t bytes) override {
-    const bool representable = bytes <= std::numeric_limits<std::size_t>::max() - 128;
-    const std::size_t rounded = representable ? (bytes + 63) / 64 * 64 + 64 : 0;
-    auto* memory =
-        representable ? static_cast<std::byte*>(std::aligned_alloc(64, rounded)) : nullptr;
+    const std::size_t available = host_memory_bytes();
+    const bool possible =
+        bytes <= available && bytes <= std::numeric_limits<std::size_t>::max() - 128;
+    const std::size_t rounded = possible ? (bytes + 63) / 64 * 64 + 64 : 0;
+    auto* memory = possible ? static_cast<std::byte*>(std::aligned_alloc(64, rounded)) : nullptr;
     if (!memory)
-      fail(errc::memory, "cpu: cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+      fail(errc::memory, "cpu: cannot allocate " + std::to_string(bytes) +
+                             " bytes of host memory (the machine has " + std::to_string(available) +
+                             " bytes of memory and swap)");
     std::memset(memory, 0, rounded);
     return memory;
   }

@@ -19,8 +19,8 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <variant>
-#include <vector>
 
 #include <hwy/highway.h>
 
@@ -55,7 +55,7 @@ struct Essential {
   std::array<int, Shape::max_rank> perm{};
 };
 
-inline Essential Simplify(const Shape& in, const std::vector<int>& perm) {
+inline Essential Simplify(const Shape& in, std::span<const int> perm) {
   const auto rank = static_cast<std::size_t>(in.rank());
   // Drop size-1 axes: kept[a] is the new index of input axis a, or -1.
   std::array<int, Shape::max_rank> kept{};
@@ -225,7 +225,7 @@ inline void Transpose2D(const Word* HWY_RESTRICT src, std::int64_t ss, Word* HWY
 }
 
 /// dst = src of shape `in` with its axes permuted; src and dst do not overlap.
-inline void Transpose(const Word* src, Word* dst, const Shape& in, const std::vector<int>& perm) {
+inline void Transpose(const Word* src, Word* dst, const Shape& in, std::span<const int> perm) {
   const std::int64_t total = in.numel();
   if (total == 0) return;
   const Essential e = Simplify(in, perm);
@@ -332,13 +332,14 @@ inline void TransposeKernel(const KernelArgs& args) {
   // In place (OpDef::overwritable_input: the batch axis stays first): each image is copied
   // to this thread's workspace and reordered back from there.
   const Shape image(in.begin() + 1, in.end());
-  std::vector<int> image_perm;
-  for (std::size_t i = 1; i < perm.size(); ++i) image_perm.push_back(perm[i] - 1);
+  std::array<int, Shape::max_rank> image_perm{};
+  for (std::size_t i = 1; i < perm.size(); ++i) image_perm[i - 1] = perm[i] - 1;
   const std::int64_t words = image.numel();
   tbb::parallel_for(std::int64_t{0}, in[0], [&](std::int64_t n) {
     auto* staged = reinterpret_cast<Word*>(ThreadScratch(args));
     std::memcpy(staged, out + n * words, static_cast<std::size_t>(words) * sizeof(Word));
-    transpose_detail::Transpose(staged, out + n * words, image, image_perm);
+    transpose_detail::Transpose(staged, out + n * words, image,
+                                std::span<const int>(image_perm.data(), perm.size() - 1));
   });
 }
 
