@@ -1,4 +1,4 @@
-// What the training-step benchmarks share: flag parsing, alternating timed runs, and the
+// What the training-step benchmarks share: their flags, alternating timed runs, and the
 // check that no other process took a core meanwhile (../shared/BENCHMARKING.md).
 #pragma once
 
@@ -15,35 +15,9 @@
 #include <vector>
 
 #include "kiln/kiln.hpp"
+#include "kiln_tools/command_line.hpp"
 
 namespace bench {
-
-/// Parses "--name VALUE" pairs into the given integers and, for --json, a path. Prints
-/// `usage` and returns false on anything else.
-inline bool parse_flags(int argc, char** argv, std::vector<std::pair<std::string, int*>> ints,
-                        std::string& json, const char* usage) {
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    bool known = i + 1 < argc;
-    if (known && flag == "--json") {
-      json = argv[i + 1];
-      continue;
-    }
-    const auto match = std::find_if(ints.begin(), ints.end(),
-                                    [&](const auto& p) { return "--" + p.first == flag; });
-    known = known && match != ints.end();
-    try {
-      if (known) *match->second = std::stoi(argv[i + 1]);
-    } catch (const std::logic_error&) {
-      known = false;
-    }
-    if (!known) {
-      std::fputs(usage, stderr);
-      return false;
-    }
-  }
-  return true;
-}
 
 /// The flags every training-step benchmark takes.
 struct StepFlags {
@@ -51,17 +25,21 @@ struct StepFlags {
   std::string json;
 };
 
-/// Parses --threads, --batch, --rounds, --steps and --json for benchmark `name` into `flags`
-/// (whose values are the defaults); prints the usage line and returns false on anything else.
-inline bool parse_step_flags(int argc, char** argv, const std::string& name, StepFlags& flags) {
-  const std::string usage =
-      "usage: " + name + " [--threads N] [--batch N] [--rounds N] [--steps N] [--json FILE]\n";
-  return parse_flags(argc, argv,
-                     {{"threads", &flags.threads},
-                      {"batch", &flags.batch},
-                      {"rounds", &flags.rounds},
-                      {"steps", &flags.steps}},
-                     flags.json, usage.c_str());
+/// Gives `app` the shared conventions and the flags --batch, --rounds, --steps, --json and,
+/// unless the benchmark sets the thread counts itself, --threads, read into `flags` (whose
+/// values are the defaults).
+inline void add_step_flags(CLI::App& app, StepFlags& flags, bool threads_flag = true) {
+  kiln::tools::share_conventions(app);
+  if (threads_flag)
+    app.add_option("-t,--threads", flags.threads, "worker threads")
+        ->check(kiln::tools::integer_in(1, 1024));
+  app.add_option("-b,--batch", flags.batch, "images per training step")
+      ->check(kiln::tools::integer_in(1, 4096));
+  app.add_option("-r,--rounds", flags.rounds, "rounds; each times every configuration once")
+      ->check(kiln::tools::integer_in(1, 1000));
+  app.add_option("-s,--steps", flags.steps, "timed steps per configuration and round")
+      ->check(kiln::tools::integer_in(1, 10000));
+  app.add_option("--json", flags.json, "write the results as JSON (docs/json.md)");
 }
 
 /// The three reference networks every training-step benchmark runs.

@@ -1,17 +1,19 @@
 // fusion_bench: what each optimisation buys on a whole training step. For three networks it
 // compiles the step (forward + backward + SGD update) under several configurations, runs
-// them alternately in one process, and prints one table per network; --json writes the same.
-//
-//   fusion_bench [--threads N] [--batch N] [--rounds N] [--steps N] [--json FILE]
+// them alternately in one process, and prints one table per network; --json writes the same
+// and --plot draws the speedups. `fusion_bench --help` lists its flags.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench_util.hpp"
 #include "kiln/kiln.hpp"
+#include "kiln_tools/json_output.hpp"
+#include "kiln_tools/render.hpp"
 
 #ifndef KILN_BUILD_TYPE
 #define KILN_BUILD_TYPE "unknown"
@@ -73,17 +75,48 @@ struct Row {
   std::size_t kernels = 0, bytes = 0, peak = 0;
 };
 
-} // namespace
+/// The speedup of every configuration over "all off", one cluster of bars per configuration
+/// and one bar per network, as gnuplot draws it.
+std::string speedup_chart(const std::vector<std::string>& networks,
+                          const std::vector<std::vector<double>>& speedups,
+                          const std::string& title) {
+  std::ostringstream script;
+  script << "$speedup << EOD\nconfiguration";
+  for (const std::string& n : networks) script << ' ' << n;
+  script << '\n';
+  for (std::size_t c = 0; c < configs.size(); ++c) {
+    script << kiln::tools::gnuplot_quoted(configs[c].name);
+    for (const auto& per_network : speedups) script << ' ' << per_network[c];
+    script << '\n';
+  }
+  script << "EOD\n"
+         << "set title " << kiln::tools::gnuplot_quoted(title) << "\n"
+         << "set style data histograms\nset style histogram clustered gap 1\n"
+         << "set style fill solid 0.85 border -1\nset boxwidth 0.9\n"
+         << "set ylabel 'speedup over all optimisations off'\nset yrange [0:*]\n"
+         << "set grid ytics\nset key top right\nset xtics nomirror\n"
+         << "plot $speedup using 2:xtic(1) title columnheader";
+  for (std::size_t n = 1; n < networks.size(); ++n)
+    script << ", '' using " << n + 2 << " title columnheader";
+  script << '\n';
+  return script.str();
+}
 
-int main(int argc, char** argv) {
-  bench::StepFlags flags;
-  if (!bench::parse_step_flags(argc, argv, "fusion_bench", flags)) return 2;
-  const auto [threads, batch, rounds, steps, json] = flags;
+int run(const bench::StepFlags& flags, const std::string& plot) {
+  const kiln::tools::JsonOutput json(flags.json);
+  if (!plot.empty()) {
+    kiln::tools::require_program("gnuplot", "gnuplot-nox", "--plot");
+    kiln::tools::require_writable(plot, "--plot");
+  }
+  std::vector<std::string> networks;
+  std::vector<std::vector<double>> speedups;
+  std::string target;
+  const auto [threads, batch, rounds, steps, json_path] = flags;
   std::vector<float> images;
   std::vector<std::int32_t> labels;
   bench::random_batch(batch, images, labels);
 
-  std::string json_rows;
+  nlohmann::json results = nlohmann::json::array();
   for (const auto& [network, make] : bench::reference_networks) {
     kiln::Graph g;
     bench::build_training_step(g, make, batch, {.lr = 0.01f, .momentum = 0.9f});
@@ -104,31 +137,54 @@ int main(int argc, char** argv) {
                       plan.memory.arena_bytes});
     }
     const double base = rows.back().ms;
+    target = exes[0].plan().target.isa;
+    networks.push_back(network);
+    speedups.emplace_back();
     std::printf("\n%s: training step, batch %d, %d threads, %s, median of %d rounds x %d steps\n",
-                network, batch, threads, exes[0].plan().target.isa.c_str(), rounds, steps);
+                network, batch, threads, target.c_str(), rounds, steps);
     std::printf("%-20s %9s %17s %8s %8s %12s %12s\n", "configuration", "ms/step", "min..max",
                 "speedup", "kernels", "MiB moved", "peak MiB");
     for (const Row& r : rows) {
       std::printf("%-20s %9.2f %8.2f..%-8.2f %7.2fx %8zu %12.1f %12.1f\n", r.config.c_str(), r.ms,
                   r.min, r.max, base / r.ms, r.kernels, static_cast<double>(r.bytes) / 1048576.0,
                   static_cast<double>(r.peak) / 1048576.0);
-      json_rows +=
-          std::string(json_rows.empty() ? "" : ",\n") + "  {\"network\": \"" + network +
-          "\", \"config\": \"" + r.config + "\", \"ms_per_step\": " + std::to_string(r.ms) +
-          ", \"min\": " + std::to_string(r.min) + ", \"max\": " + std::to_string(r.max) +
-          ", \"speedup_vs_all_off\": " + std::to_string(base / r.ms) +
-          ", \"kernels\": " + std::to_string(r.kernels) +
-          ", \"bytes_moved\": " + std::to_string(r.bytes) +
-          ", \"planned_peak_bytes\": " + std::to_string(r.peak) +
-          ", \"threads\": " + std::to_string(threads) + ", \"batch\": " + std::to_string(batch) +
-          ", \"target\": \"" + exes[0].plan().target.isa + "\", \"build_type\": \"" +
-          KILN_BUILD_TYPE + "\", \"other_cores_busy\": " + std::to_string(timing.other_cores) + "}";
+      speedups.back().push_back(base / r.ms);
+      results.push_back({{"network", network},
+                         {"config", r.config},
+                         {"ms_per_step", r.ms},
+                         {"min", r.min},
+                         {"max", r.max},
+                         {"speedup_vs_all_off", base / r.ms},
+                         {"kernels", r.kernels},
+                         {"bytes_moved", r.bytes},
+                         {"planned_peak_bytes", r.peak},
+                         {"threads", threads},
+                         {"batch", batch},
+                         {"target", target},
+                         {"build_type", KILN_BUILD_TYPE},
+                         {"other_cores_busy", timing.other_cores}});
     }
     bench::print_neighbours(timing);
   }
-  if (!json.empty()) {
-    std::ofstream out(json);
-    out << "[\n" << json_rows << "\n]\n";
+  json.write(results);
+  if (!plot.empty()) {
+    const std::string title = "kiln fusion_bench: training step, batch " + std::to_string(batch) +
+                              ", " + std::to_string(threads) + " threads, " + target;
+    kiln::tools::plot_svg(speedup_chart(networks, speedups, title), plot, "--plot");
+    std::printf("wrote %s\n", plot.c_str());
   }
   return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("Times the training step of three networks with each optimisation switched off "
+               "in turn, the configurations alternating in one run.",
+               "fusion_bench");
+  bench::StepFlags flags;
+  bench::add_step_flags(app, flags);
+  std::string plot;
+  app.add_option("--plot", plot, "draw each configuration's speedup as bars in an SVG file");
+  return kiln::tools::run(app, argc, argv, [&] { return run(flags, plot); });
 }

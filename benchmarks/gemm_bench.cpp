@@ -1,10 +1,10 @@
 // gemm_bench: kiln's matmul kernel (no -march flags; Highway picks the target at run time)
 // against Eigen built with -march=native, one thread, on square sizes and the MNIST CNN's
-// own shapes, with each result as a share of the FMA peak measured at start. Google Benchmark;
-// `--benchmark_format=json` writes machine-readable results.
+// own shapes, with each result as a share of the FMA peak measured at start (in the run's
+// context). Google Benchmark; `--benchmark_format=json` writes machine-readable results.
 #include <benchmark/benchmark.h>
 
-#include <cstdio>
+#include <string>
 #include <vector>
 
 #include <tbb/task_arena.h>
@@ -13,6 +13,7 @@
 #include "kiln/backends/cpu/workspace.hpp"
 #include "kiln/core/rng.hpp"
 #include "kiln/core/tensor.hpp"
+#include "kiln_tools/command_line.hpp"
 
 void eigen_gemm(const float* a, const float* b, float* c, long m, long n, long k, bool transpose_b);
 
@@ -94,12 +95,27 @@ BENCHMARK(eigen_matmul)->Apply(shapes);
 } // namespace
 
 int main(int argc, char** argv) {
-  peak_flops = 1e9 * kiln::cpu::kernel_table().fma_gflops(0.5);
-  std::printf("FP32 FMA peak of one core, measured now: %.1f GFLOP/s (%s)\n", peak_flops * 1e-9,
-              kiln::cpu::kernel_table().target_name);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  CLI::App app("Times kiln's matmul kernel against Eigen on one thread (Google Benchmark).",
+               "gemm_bench");
+  kiln::tools::share_conventions(app);
+  app.allow_extras();
+  app.footer("Google Benchmark's own flags pass through, e.g. --benchmark_filter=REGEX,\n"
+             "--benchmark_format=json, --benchmark_out=FILE, --benchmark_repetitions=N.");
+  return kiln::tools::run(app, argc, argv, [&] {
+    std::vector<std::string> benchmark_args{argv[0]};
+    for (const std::string& a : app.remaining()) benchmark_args.push_back(a);
+    std::vector<char*> pointers;
+    for (std::string& a : benchmark_args) pointers.push_back(a.data());
+    int count = static_cast<int>(pointers.size());
+    benchmark::Initialize(&count, pointers.data());
+    if (benchmark::ReportUnrecognizedArguments(count, pointers.data()))
+      return kiln::tools::exit_usage;
+    peak_flops = 1e9 * kiln::cpu::kernel_table().fma_gflops(0.5);
+    // In the run's context, so that the console header and the JSON output both carry it.
+    benchmark::AddCustomContext("fma_peak_gflops_one_core", std::to_string(peak_flops * 1e-9));
+    benchmark::AddCustomContext("kiln_target", kiln::cpu::kernel_table().target_name);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+  });
 }

@@ -1,16 +1,12 @@
-// Single-thread GFLOP/s of the CPU matmul and convolution kernels on the MNIST CNN's shapes.
-//
-//   g++ -std=c++20 -O2 -Iinclude benchmarks/gemm_conv_micro.cpp -lhwy -ltbb -o gemm_conv_micro
-//   ./gemm_conv_micro [threads=1] [repeats=21]
-//
-// Prints, per shape, the median and min..max GFLOP/s over `repeats` timed runs (after one
-// warm-up run) with FLOPs = 2 x multiply-adds of the op.
+// GFLOP/s of the CPU matmul and convolution kernels on the MNIST CNN's and LeNet-5's shapes.
+// Prints, per shape, the median and min..max GFLOP/s over --repeats timed runs (after one
+// warm-up run) with FLOPs = 2 x multiply-adds of the op. `gemm_conv_micro --help` lists its
+// flags.
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
 #include <tbb/task_arena.h>
@@ -19,6 +15,7 @@
 #include "kiln/backends/cpu/implementation.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 #include "kiln/core/rng.hpp"
+#include "kiln_tools/command_line.hpp"
 
 namespace {
 
@@ -109,11 +106,7 @@ void bench_matmul(const char* name, std::int64_t m, std::int64_t n, std::int64_t
         2.0 * static_cast<double>(m * n * k), repeats);
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
-  const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
-  const int repeats = argc > 2 ? std::atoi(argv[2]) : 21;
+int run(int threads, int repeats) {
   std::printf("target %s, %d thread(s), batch 64, %d repeats\n",
               kiln::cpu::kernel_table().target_name, threads, repeats);
   std::printf("%-34s %8s   %14s   %11s\n", "shape", "GFLOP/s", "min..max", "median");
@@ -147,4 +140,19 @@ int main(int argc, char** argv) {
     bench_matmul("lenet matmul [64,120]^T x [64,400] (dW)", 120, 400, 64, true, false, repeats);
   });
   return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("Times the CPU convolution and matmul kernels alone on the reference networks' "
+               "shapes.",
+               "gemm_conv_micro");
+  kiln::tools::share_conventions(app);
+  int threads = 1, repeats = 21;
+  app.add_option("-t,--threads", threads, "worker threads")
+      ->check(kiln::tools::integer_in(1, 1024));
+  app.add_option("-r,--repeats", repeats, "timed runs per shape")
+      ->check(kiln::tools::integer_in(1, 100000));
+  return kiln::tools::run(app, argc, argv, [&] { return run(threads, repeats); });
 }

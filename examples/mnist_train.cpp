@@ -1,20 +1,22 @@
 // mnist_train: trains the classic MNIST CNN (or another of kiln::nn::models) with kiln on real
-// digits and reports accuracy.
-//
-//   mnist_train [--data DIR] [--model NAME] [--epochs N] [--batch N] [--lr X] [--lr-decay X]
-//               [--momentum X] [--threads N] [--seed N] [--smoke] [--profile] [--json FILE]
-//               [--explain-fusion] [--dot FILE]
+// digits and reports accuracy; `mnist_train --help` lists its flags.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "kiln/kiln.hpp"
+#include "kiln_tools/command_line.hpp"
+#include "kiln_tools/json_output.hpp"
+#include "kiln_tools/progress.hpp"
+#include "kiln_tools/render.hpp"
 
 #ifndef KILN_MNIST_DIR
 #define KILN_MNIST_DIR "data/mnist"
@@ -27,87 +29,70 @@ struct Options {
   std::string model = "mnist_cnn";
   int epochs = 3;
   int batch = 64;
-  float lr = 0.01f;
-  float lr_decay = 0.7f;
-  float momentum = 0.9f;
+  double lr = 0.01;
+  double lr_decay = 0.7;
+  double momentum = 0.9;
   int threads = 0;
   std::uint64_t seed = 1;
   bool smoke = false;
   bool profile = false;
   bool explain_fusion = false;
+  std::vector<std::string> disable;
   std::string json;
   std::string dot;
+  std::string plot;
 };
 
-constexpr const char* usage =
-    "usage: mnist_train [--data DIR] [--model NAME] [--epochs N] [--batch N] [--lr X]\n"
-    "                   [--lr-decay X] [--momentum X] [--threads N] [--seed N] [--smoke]\n"
-    "                   [--profile] [--json FILE] [--explain-fusion] [--dot FILE]\n"
-    "  --data DIR   MNIST-format IDX files, plain or .gz (default: " KILN_MNIST_DIR ",\n"
-    "               fetched by scripts/fetch_mnist.sh; Fashion-MNIST: "
-    "/usr/share/datasets/fashion-mnist)\n"
-    "  --model NAME mnist_cnn (default), lenet5 or small_resnet (kiln::nn::models)\n"
-    "  --lr X       SGD learning rate of the first epoch (default 0.01), momentum 0.9\n"
-    "  --lr-decay X the learning rate is multiplied by X after every epoch (default 0.7, as\n"
-    "               PyTorch's MNIST example's StepLR; 1 keeps it constant)\n"
-    "  --smoke      a few steps on a subset; fails unless the loss falls (used by ctest)\n"
-    "  --profile    print the kernels that took the most time\n"
-    "  --explain-fusion  print every fusion and layout decision of the training step with its\n"
-    "               reason, and every layout transform inserted\n"
-    "  --dot FILE   write the optimised training step as Graphviz (fused kernels as clusters);\n"
-    "               render with: dot -Tsvg FILE -o step.svg\n"
-    "  --json FILE  write test_accuracy, final_loss, epochs, images_per_s, ms_per_step\n";
+const std::array<std::string, 3> model_names = {"mnist_cnn", "lenet5", "small_resnet"};
 
-Options parse(int argc, char** argv) {
-  Options o;
-  const auto number = [&](int& i, const char* flag) -> std::string {
-    if (i + 1 >= argc) kiln::fail(kiln::errc::argument, std::string(flag) + " needs a value");
-    return argv[++i];
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    try {
-      if (a == "--data")
-        o.data = number(i, "--data");
-      else if (a == "--model")
-        o.model = number(i, "--model");
-      else if (a == "--epochs")
-        o.epochs = std::stoi(number(i, "--epochs"));
-      else if (a == "--batch")
-        o.batch = std::stoi(number(i, "--batch"));
-      else if (a == "--lr")
-        o.lr = std::stof(number(i, "--lr"));
-      else if (a == "--lr-decay")
-        o.lr_decay = std::stof(number(i, "--lr-decay"));
-      else if (a == "--momentum")
-        o.momentum = std::stof(number(i, "--momentum"));
-      else if (a == "--threads")
-        o.threads = std::stoi(number(i, "--threads"));
-      else if (a == "--seed")
-        o.seed = std::stoull(number(i, "--seed"));
-      else if (a == "--json")
-        o.json = number(i, "--json");
-      else if (a == "--smoke")
-        o.smoke = true;
-      else if (a == "--profile")
-        o.profile = true;
-      else if (a == "--explain-fusion")
-        o.explain_fusion = true;
-      else if (a == "--dot")
-        o.dot = number(i, "--dot");
-      else if (a == "--help" || a == "-h") {
-        std::fputs(usage, stdout);
-        std::exit(0);
-      } else
-        kiln::fail(kiln::errc::argument, "unknown option '" + a + "'");
-    } catch (const std::logic_error&) { // std::stoi and friends
-      kiln::fail(kiln::errc::argument, "bad value '" + std::string(argv[i]) + "' for " + a);
-    }
-  }
-  if (o.epochs < 1 || o.batch < 1 || o.threads < 0 || !(o.lr > 0.0f) || !(o.lr_decay > 0.0f))
-    kiln::fail(kiln::errc::argument,
-               "--epochs and --batch must be >= 1, --threads >= 0, --lr and --lr-decay > 0");
-  return o;
+void add_flags(CLI::App& app, Options& o) {
+  app.add_option("-d,--data", o.data,
+                 "MNIST-format IDX files, plain or .gz (scripts/fetch_mnist.sh builds the "
+                 "default; Fashion-MNIST: /usr/share/datasets/fashion-mnist)")
+      ->check(CLI::Validator(
+          [](std::string& dir) {
+            std::error_code ec;
+            return std::filesystem::is_directory(dir, ec)
+                       ? std::string()
+                       : "no directory '" + dir +
+                             "' (scripts/fetch_mnist.sh builds data/mnist; apt-get install "
+                             "dataset-fashion-mnist installs /usr/share/datasets/fashion-mnist)";
+          },
+          "DIR"));
+  app.add_option("-m,--model", o.model, "the network (kiln::nn::models)")
+      ->check(kiln::tools::one_of({model_names.begin(), model_names.end()}, "model"));
+  app.add_option("-e,--epochs", o.epochs, "passes over the training set")
+      ->check(kiln::tools::integer_in(1, 1000));
+  app.add_option("-b,--batch", o.batch, "images per training step")
+      ->check(kiln::tools::integer_in(1, 65536));
+  app.add_option("-l,--lr", o.lr, "SGD learning rate of the first epoch")
+      ->check(kiln::tools::positive_number());
+  app.add_option("--lr-decay", o.lr_decay,
+                 "the learning rate is multiplied by this after every epoch (0.7 as PyTorch's "
+                 "MNIST example's StepLR; 1 keeps it constant)")
+      ->check(kiln::tools::positive_number());
+  app.add_option("--momentum", o.momentum, "SGD momentum")->check(kiln::tools::number_in(0, 1));
+  app.add_option("-t,--threads", o.threads, "worker threads; 0 = every core")
+      ->check(kiln::tools::integer_in(0, 1024));
+  app.add_option("-s,--seed", o.seed, "seed of the initial weights and the batch order")
+      ->check(kiln::tools::unsigned_integer());
+  app.add_flag("--smoke", o.smoke, "30 steps of one epoch; fails unless the loss falls (ctest)");
+  app.add_flag("-p,--profile", o.profile, "print the kernels that took the most time");
+  app.add_flag("--explain-fusion", o.explain_fusion,
+               "print every fusion and layout decision with its reason, and every layout "
+               "transform inserted");
+  std::vector<std::string> optimisations;
+  for (const kiln::Pass& p : kiln::default_pipeline) optimisations.emplace_back(p.name);
+  for (const kiln::LoweringSwitch& s : kiln::lowering_switches) optimisations.emplace_back(s.name);
+  app.add_option("--disable", o.disable,
+                 "switch optimisations off by name, e.g. --disable fuse_elementwise,layout")
+      ->delimiter(',')
+      ->check(kiln::tools::one_of(optimisations, "optimisation"));
+  app.add_option("--dot", o.dot,
+                 "write the optimised training step as Graphviz text, or rendered when the "
+                 "name ends in .svg (fused kernels drawn as clusters)");
+  app.add_option("--plot", o.plot, "draw loss and test accuracy per epoch as an SVG file");
+  app.add_option("--json", o.json, "write the run's results and per-epoch history (docs/json.md)");
 }
 
 /// The network called `name` among kiln::nn::models.
@@ -136,16 +121,71 @@ double evaluate(kiln::Executor& exe, kiln::Value logits, const kiln::data::Datas
   return 100.0 * static_cast<double>(correct) / static_cast<double>(test.count);
 }
 
-void progress(std::int64_t done, std::int64_t total, double loss) {
-  constexpr int width = 30;
-  const auto filled = static_cast<int>(width * done / std::max<std::int64_t>(total, 1));
-  std::printf("\r  [%.*s%*s] %lld/%lld  loss %.4f", filled,
-              "==============================", width - filled, "", static_cast<long long>(done),
-              static_cast<long long>(total), loss);
-  std::fflush(stdout);
+/// One epoch's results, for the console, the JSON history and the plot.
+struct Epoch {
+  int number = 0;
+  double learning_rate = 0, loss = 0, test_accuracy_percent = 0, seconds = 0, images_per_s = 0;
+};
+
+/// Loss and test accuracy per epoch on two axes, as gnuplot draws them.
+std::string curves_script(const std::vector<Epoch>& history, const std::string& title) {
+  std::ostringstream script;
+  script << "$history << EOD\n";
+  for (const Epoch& e : history)
+    script << e.number << ' ' << e.loss << ' ' << e.test_accuracy_percent << '\n';
+  script << "EOD\n"
+         << "set title " << kiln::tools::gnuplot_quoted(title) << "\n"
+         << "set xlabel 'epoch'\nset xtics 1\nset grid\nset key center right\n"
+         << "set ylabel 'mean training loss'\nset y2label 'test accuracy (%)'\n"
+         << "set ytics nomirror\nset y2tics\n"
+         << "plot $history using 1:2 with linespoints lw 2 title 'loss', "
+            "$history using 1:3 axes x1y2 with linespoints lw 2 title 'test accuracy'\n";
+  return script.str();
+}
+
+void explain_decisions(const kiln::Executor& step) {
+  std::printf("fusion decisions (pass: producer -> consumer: reason), numbered as in the graph "
+              "each pass saw:\n");
+  for (const kiln::FusionDecision& d : step.report().fusion)
+    std::printf("  %-16s %%%d %s -> %%%d %s: %s\n", d.pass.c_str(), d.producer,
+                d.producer_op.c_str(), d.consumer, d.consumer_op.c_str(),
+                std::string(kiln::fusion_reason_name(d.reason)).c_str());
+  std::printf("layout decisions (activation groups that convolutions touch):\n");
+  for (const kiln::LayoutDecision& d : step.report().layouts)
+    std::printf("  %s for %zu values from %%%d: %s (saves ~%.1f MiB of column matrices, "
+                "reorders cost ~%.1f MiB)\n",
+                d.layout.c_str(), d.values.size(), d.values.front(),
+                std::string(kiln::layout_reason_name(d.reason)).c_str(),
+                static_cast<double>(d.saved_bytes) / 1048576.0,
+                static_cast<double>(d.reorder_bytes) / 1048576.0);
+  std::printf("layout transforms inserted:\n");
+  for (const kiln::LayoutTransform& t : step.report().transforms)
+    std::printf("  %%%d %s -> %s, %lld elements: %s\n", t.of, t.from.c_str(), t.to.c_str(),
+                static_cast<long long>(t.elements), t.why.c_str());
+}
+
+void write_dot(const kiln::Executor& step, const std::string& path) {
+  const std::string dot = kiln::to_dot(*step.report().optimised);
+  if (kiln::tools::is_svg(path)) {
+    kiln::tools::render_dot_svg(dot, path);
+    std::printf("wrote %s\n", path.c_str());
+    return;
+  }
+  std::ofstream out(path);
+  out << dot;
+  if (!out.flush()) kiln::fail(kiln::errc::io, "--dot: cannot write '" + path + "'");
+  std::printf("wrote %s (render: dot -Tsvg %s -o step.svg)\n", path.c_str(), path.c_str());
 }
 
 int run(const Options& o) {
+  // Everything that could fail after training is checked first.
+  const kiln::tools::JsonOutput json(o.json);
+  if (kiln::tools::is_svg(o.dot)) kiln::tools::require_program("dot", "graphviz", "--dot");
+  if (!o.plot.empty()) {
+    kiln::tools::require_program("gnuplot", "gnuplot-nox", "--plot");
+    kiln::tools::require_writable(o.plot, "--plot");
+  }
+
   // Fashion-MNIST has other pixel statistics; the path tells which data set this is.
   const bool fashion = o.data.find("fashion") != std::string::npos;
   const auto normalization =
@@ -155,6 +195,16 @@ int run(const Options& o) {
   std::printf("kiln mnist_train: %lld train / %lld test images from %s\n",
               static_cast<long long>(train.count), static_cast<long long>(test.count),
               o.data.c_str());
+  const std::int64_t full_batches = train.count / o.batch;
+  const std::int64_t steps_per_epoch =
+      o.smoke ? std::min<std::int64_t>(30, full_batches) : full_batches;
+  const std::int64_t least_steps = o.smoke ? 10 : 1;
+  if (steps_per_epoch < least_steps)
+    kiln::fail(kiln::errc::argument,
+               "--batch: " + std::to_string(o.batch) + " images per step leave " +
+                   std::to_string(steps_per_epoch) + " steps per epoch of the " +
+                   std::to_string(train.count) + " training images (at least " +
+                   std::to_string(least_steps) + " needed)");
 
   kiln::nn::manual_seed(o.seed);
   kiln::nn::Sequential net = make_model(o.model);
@@ -164,8 +214,10 @@ int run(const Options& o) {
   const auto y = train_graph.input("y", {o.batch}, kiln::i32);
   const auto loss = kiln::softmax_cross_entropy(net(x), y);
   const kiln::TrainStep training = kiln::train_step(
-      loss, net.parameters(), kiln::optim::SGD{.lr = o.lr, .momentum = o.momentum});
-  kiln::Executor step = kiln::compile(train_graph, {.threads = o.threads, .profile = o.profile});
+      loss, net.parameters(),
+      kiln::optim::SGD{.lr = static_cast<float>(o.lr), .momentum = static_cast<float>(o.momentum)});
+  kiln::Executor step = kiln::compile(
+      train_graph, {.threads = o.threads, .profile = o.profile, .disable = o.disable});
   // Measured before training, so the measurement neither slows nor is slowed by the steps.
   const kiln::MachinePeak peak = o.profile ? kiln::machine_peak(step.plan()) : kiln::MachinePeak{};
 
@@ -174,7 +226,7 @@ int run(const Options& o) {
   kiln::Graph eval_graph;
   const auto logits = net(eval_graph.input("x", {eval_batch, 1, test.height, test.width}));
   eval_graph.mark_output(logits);
-  kiln::Executor eval = kiln::compile(eval_graph, {.threads = o.threads});
+  kiln::Executor eval = kiln::compile(eval_graph, {.threads = o.threads, .disable = o.disable});
 
   const kiln::Plan& plan = step.plan();
   std::printf("compiled step: %zu kernels, arena %.1f MiB (unshared %.1f MiB, unoptimised step "
@@ -183,33 +235,8 @@ int run(const Options& o) {
               static_cast<double>(plan.memory.naive_bytes) / 1048576.0,
               static_cast<double>(plan.unoptimised_bytes) / 1048576.0, plan.threads,
               plan.target.isa.c_str());
-  if (o.explain_fusion) {
-    std::printf(
-        "fusion decisions (pass: producer -> consumer: reason), numbered as in the graph each "
-        "pass saw:\n");
-    for (const kiln::FusionDecision& d : step.report().fusion)
-      std::printf("  %-16s %%%d %s -> %%%d %s: %s\n", d.pass.c_str(), d.producer,
-                  d.producer_op.c_str(), d.consumer, d.consumer_op.c_str(),
-                  std::string(kiln::fusion_reason_name(d.reason)).c_str());
-    std::printf("layout decisions (activation groups that convolutions touch):\n");
-    for (const kiln::LayoutDecision& d : step.report().layouts)
-      std::printf("  %s for %zu values from %%%d: %s (saves ~%.1f MiB of column matrices, "
-                  "reorders cost ~%.1f MiB)\n",
-                  d.layout.c_str(), d.values.size(), d.values.front(),
-                  std::string(kiln::layout_reason_name(d.reason)).c_str(),
-                  static_cast<double>(d.saved_bytes) / 1048576.0,
-                  static_cast<double>(d.reorder_bytes) / 1048576.0);
-    std::printf("layout transforms inserted:\n");
-    for (const kiln::LayoutTransform& t : step.report().transforms)
-      std::printf("  %%%d %s -> %s, %lld elements: %s\n", t.of, t.from.c_str(), t.to.c_str(),
-                  static_cast<long long>(t.elements), t.why.c_str());
-  }
-  if (!o.dot.empty()) {
-    std::ofstream out(o.dot);
-    out << kiln::to_dot(*step.report().optimised);
-    if (!out) kiln::fail(kiln::errc::io, "cannot write " + o.dot);
-    std::printf("wrote %s (render: dot -Tsvg %s -o step.svg)\n", o.dot.c_str(), o.dot.c_str());
-  }
+  if (o.explain_fusion) explain_decisions(step);
+  if (!o.dot.empty()) write_dot(step, o.dot);
   std::fflush(stdout);
 
   kiln::data::BatchLoader loader(
@@ -217,17 +244,15 @@ int run(const Options& o) {
       {.batch_size = o.batch, .seed = o.seed, .drop_last = true, .normalization = normalization});
   std::vector<float> images(static_cast<std::size_t>(loader.batch_image_elements()));
   std::vector<std::int32_t> labels(static_cast<std::size_t>(o.batch));
-  const bool tty = isatty(fileno(stdout)) != 0;
   const int epochs = o.smoke ? 1 : o.epochs;
-  const std::int64_t steps_per_epoch =
-      o.smoke ? std::min<std::int64_t>(30, loader.batches()) : loader.batches();
 
-  double final_loss = 0.0, accuracy = 0.0, total_seconds = 0.0;
-  std::int64_t total_steps = 0;
-  std::vector<float> smoke_losses;
+  std::vector<Epoch> history;
+  std::vector<float> losses;
   for (int epoch = 0; epoch < epochs; ++epoch) {
     loader.start_epoch(epoch);
-    training.set_learning_rate(o.lr * std::pow(o.lr_decay, static_cast<float>(epoch)));
+    training.set_learning_rate(
+        static_cast<float>(o.lr * std::pow(o.lr_decay, static_cast<double>(epoch))));
+    kiln::tools::Progress progress(stdout, steps_per_epoch, o.batch);
     double loss_sum = 0.0, seconds = 0.0;
     for (std::int64_t b = 0; b < steps_per_epoch; ++b) {
       loader.fill(b, images, labels);
@@ -238,43 +263,69 @@ int run(const Options& o) {
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const float l = step.scalar(loss);
       loss_sum += l;
-      smoke_losses.push_back(l);
-      if (tty && (b % 10 == 9 || b + 1 == steps_per_epoch))
-        progress(b + 1, steps_per_epoch, loss_sum / double(b + 1));
+      losses.push_back(l);
+      char detail[32];
+      std::snprintf(detail, sizeof detail, "loss %.4f", loss_sum / static_cast<double>(b + 1));
+      progress.update(b + 1, detail);
     }
-    if (tty) std::printf("\r%80s\r", "");
-    final_loss = loss_sum / static_cast<double>(steps_per_epoch);
-    total_seconds += seconds;
-    total_steps += steps_per_epoch;
-    accuracy = evaluate(eval, logits, test, eval_batch, normalization);
+    progress.finish();
+    Epoch e{.number = epoch + 1,
+            .learning_rate = training.learning_rate(),
+            .loss = loss_sum / static_cast<double>(steps_per_epoch),
+            .test_accuracy_percent = evaluate(eval, logits, test, eval_batch, normalization),
+            .seconds = seconds,
+            .images_per_s = static_cast<double>(steps_per_epoch * o.batch) / seconds};
     std::printf(
         "epoch %d/%d  lr %.4g  loss %.4f  test accuracy %.2f%%  %.0f images/s  %.2f ms/step\n",
-        epoch + 1, epochs, static_cast<double>(training.learning_rate()), final_loss, accuracy,
-        static_cast<double>(steps_per_epoch * o.batch) / seconds,
+        e.number, epochs, e.learning_rate, e.loss, e.test_accuracy_percent, e.images_per_s,
         1000.0 * seconds / static_cast<double>(steps_per_epoch));
     std::fflush(stdout); // visible per epoch also when piped to a log
+    history.push_back(e);
   }
-  const double ms_per_step = 1000.0 * total_seconds / static_cast<double>(total_steps);
-  const double images_per_s = static_cast<double>(total_steps * o.batch) / total_seconds;
+  double total_seconds = 0.0;
+  for (const Epoch& e : history) total_seconds += e.seconds;
+  const std::int64_t total_steps = steps_per_epoch * epochs;
 
   if (o.profile) kiln::print_profile(stdout, step, peak);
-  if (!o.json.empty()) {
-    std::ofstream out(o.json);
-    out << "{\"model\": \"" << o.model << "\", \"test_accuracy\": " << accuracy / 100.0
-        << ", \"final_loss\": " << final_loss << ", \"epochs\": " << epochs
-        << ", \"images_per_s\": " << images_per_s << ", \"ms_per_step\": " << ms_per_step
-        << ", \"batch\": " << o.batch << ", \"threads\": " << plan.threads << ", \"target\": \""
-        << plan.target.isa << "\", \"seed\": " << o.seed << ", \"steps\": " << total_steps << "}\n";
-    if (!out) kiln::fail(kiln::errc::io, "cannot write " + o.json);
+  if (json.wanted()) {
+    nlohmann::json results = {
+        {"program", "mnist_train"},
+        {"kiln_version", KILN_VERSION},
+        {"model", o.model},
+        {"data", o.data},
+        {"batch", o.batch},
+        {"threads", plan.threads},
+        {"target", plan.target.isa},
+        {"seed", o.seed},
+        {"disabled", o.disable},
+        {"epochs", epochs},
+        {"steps", total_steps},
+        {"test_accuracy_percent", history.back().test_accuracy_percent},
+        {"final_loss", history.back().loss},
+        {"images_per_s", static_cast<double>(total_steps * o.batch) / total_seconds},
+        {"ms_per_step", 1000.0 * total_seconds / static_cast<double>(total_steps)},
+        {"history", nlohmann::json::array()}};
+    for (const Epoch& e : history)
+      results["history"].push_back({{"epoch", e.number},
+                                    {"learning_rate", e.learning_rate},
+                                    {"loss", e.loss},
+                                    {"test_accuracy_percent", e.test_accuracy_percent},
+                                    {"seconds", e.seconds},
+                                    {"images_per_s", e.images_per_s}});
+    json.write(results);
+  }
+  if (!o.plot.empty()) {
+    kiln::tools::plot_svg(curves_script(history, "kiln mnist_train: " + o.model), o.plot, "--plot");
+    std::printf("wrote %s\n", o.plot.c_str());
   }
   if (o.smoke) {
     // The mean loss of the last five steps must be clearly below that of the first five.
     const auto mean5 = [&](std::size_t from) {
-      double s = 0.0;
-      for (std::size_t i = from; i < from + 5; ++i) s += smoke_losses[i];
-      return s / 5.0;
+      double sum = 0.0;
+      for (std::size_t i = from; i < from + 5; ++i) sum += losses[i];
+      return sum / 5.0;
     };
-    const double first = mean5(0), last = mean5(smoke_losses.size() - 5);
+    const double first = mean5(0), last = mean5(losses.size() - 5);
     std::printf("smoke: loss %.4f -> %.4f\n", first, last);
     if (!(last < 0.8 * first)) {
       std::fprintf(stderr, "smoke: the loss did not fall\n");
@@ -287,11 +338,10 @@ int run(const Options& o) {
 } // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const kiln::Error& e) {
-    std::fprintf(stderr, "mnist_train: %s\n", e.what());
-    if (e.code() == kiln::errc::argument) std::fputs(usage, stderr);
-    return 2;
-  }
+  CLI::App app("Trains a CNN on MNIST-format digits with kiln and reports test accuracy.",
+               "mnist_train");
+  kiln::tools::share_conventions(app);
+  Options options;
+  add_flags(app, options);
+  return kiln::tools::run(app, argc, argv, [&] { return run(options); });
 }

@@ -6,11 +6,13 @@ set -euo pipefail
 missing=()
 # Tools count as present when their command exists, however they were installed (a Node.js
 # from another source brings its own npm, which Debian's npm package would conflict with).
-declare -A tool_package=([g++]=g++ [cmake]=cmake [make]=make [node]=nodejs [npm]=npm)
+declare -A tool_package=([g++]=g++ [cmake]=cmake [make]=make [git]=git [node]=nodejs [npm]=npm
+  [python3]=python3 [pkg-config]=pkg-config [dot]=graphviz [gnuplot]=gnuplot-nox [doxygen]=doxygen)
 for tool in "${!tool_package[@]}"; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("${tool_package[$tool]}")
 done
-for p in libhwy-dev libtbb-dev libeigen3-dev zlib1g-dev doctest-dev libbenchmark-dev "$@"; do
+for p in libhwy-dev libtbb-dev libeigen3-dev zlib1g-dev doctest-dev libbenchmark-dev libcli11-dev \
+  nlohmann-json3-dev "$@"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 [[ ${#missing[@]} -eq 0 ]] && exit 0

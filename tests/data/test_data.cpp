@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kiln/data/data.hpp"
+#include "support/skip.hpp"
 
 namespace fs = std::filesystem;
 using kiln::data::BatchLoader;
@@ -506,8 +507,8 @@ TEST_CASE("load_mnist: Fashion-MNIST from the system package") {
   const fs::path dir = kiln::data::fashion_mnist_system_dir;
   std::error_code ec;
   if (!fs::exists(dir / "t10k-images-idx3-ubyte.gz", ec)) {
-    MESSAGE(("skipped: " + dir.string() +
-             " absent (apt-get install dataset-fashion-mnist to run this test)"));
+    kiln::test::skip(dir.string() +
+                     " absent (apt-get install dataset-fashion-mnist to run this test)");
     return;
   }
   const Dataset test = kiln::data::load_mnist(dir, Split::test);
@@ -529,15 +530,16 @@ TEST_CASE("load_mnist: Fashion-MNIST from the system package") {
 }
 
 TEST_CASE("load_mnist: MNIST built by scripts/fetch_mnist.sh") {
-  // Tests run from the build tree or the repo root; KILN_MNIST_DIR overrides both.
-  std::vector<fs::path> candidates = {"data/mnist", "../data/mnist"};
+  // The environment's KILN_MNIST_DIR first, then the build's.
+  std::vector<fs::path> candidates = {KILN_MNIST_DIR};
   if (const char* env = std::getenv("KILN_MNIST_DIR")) candidates.insert(candidates.begin(), env);
   std::error_code ec;
   const auto found = std::find_if(candidates.begin(), candidates.end(), [&](const fs::path& d) {
     return fs::exists(d / "t10k-labels-idx1-ubyte", ec);
   });
   if (found == candidates.end()) {
-    MESSAGE(std::string("skipped: no data/mnist (run scripts/fetch_mnist.sh to build it)"));
+    kiln::test::skip("no MNIST IDX files in " + candidates.back().string() +
+                     " (run scripts/fetch_mnist.sh to build them)");
     return;
   }
   for (Split split : {Split::train, Split::test}) {

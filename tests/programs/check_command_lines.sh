@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# ctest entry: every kiln program, fed bad values, exits non-zero with a message naming the
+# flag and never crashes; --help and --version print on stdout and exit 0; every JSON output,
+# a run whose loss is NaN included, parses.
+#   check_command_lines.sh MNIST_DIR PROGRAM...
+set -uo pipefail
+data="$1"
+shift
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+# expect_rejected PROGRAM FLAG ARGS...: non-zero, not a signal, and FLAG named on stderr.
+expect_rejected() {
+  local program="$1" flag="$2"
+  shift 2
+  "$program" "$@" >"$work/out" 2>"$work/err"
+  local status=$?
+  local name
+  name="$(basename "$program")"
+  if [[ $status -eq 0 ]]; then
+    fail "$name $* exited 0"
+  elif [[ $status -ge 128 ]]; then
+    fail "$name $* died of signal $((status - 128))"
+  elif ! grep -qF -- "$flag" "$work/err"; then
+    fail "$name $* exited $status without naming $flag: $(head -c 300 "$work/err")"
+  else
+    echo "ok: $name $* -> $status: $(head -n 1 "$work/err")"
+  fi
+}
+
+expect_help_and_version() {
+  local program="$1" name
+  name="$(basename "$program")"
+  if ! "$program" --help >"$work/out" 2>"$work/err" || ! grep -q -- "--version" "$work/out"; then
+    fail "$name --help did not print its flags on stdout with exit 0"
+  fi
+  if ! "$program" --version >"$work/out" 2>&1 || ! grep -q "kiln" "$work/out"; then
+    fail "$name --version did not print the version with exit 0"
+  fi
+}
+
+expect_json() {
+  local what="$1" file="$2"
+  if ! python3 -m json.tool "$file" >/dev/null 2>"$work/json_err"; then
+    fail "$what wrote JSON that does not parse: $(cat "$work/json_err")"
+  else
+    echo "ok: $what wrote JSON that parses"
+  fi
+}
+
+step_flags_rejected() {
+  local p="$1"
+  expect_rejected "$p" --rounds --rounds 0
+  expect_rejected "$p" --rounds --rounds=x
+  expect_rejected "$p" --batch --batch 0
+  expect_rejected "$p" --batch --batch 99999999999999999999
+  expect_rejected "$p" --steps --steps 1junk
+  expect_rejected "$p" --json --json "$work/no/such/dir/out.json"
+  expect_rejected "$p" --bogus --bogus
+}
+
+for program in "$@"; do
+  expect_help_and_version "$program"
+  case "$(basename "$program")" in
+  mnist_train)
+    expect_rejected "$program" --epochs --epochs=abc
+    expect_rejected "$program" --epochs --epochs 0
+    expect_rejected "$program" --lr --lr 1e-2junk
+    expect_rejected "$program" --lr --lr nan
+    expect_rejected "$program" --lr -l -1
+    expect_rejected "$program" --seed --seed -1
+    expect_rejected "$program" --momentum --momentum 2
+    expect_rejected "$program" --threads --threads -1
+    expect_rejected "$program" --batch --batch 0
+    expect_rejected "$program" --batch --data "$data" --batch 10000
+    expect_rejected "$program" --model --model vgg
+    expect_rejected "$program" --json --data "$data" --json "$work/no/such/dir/out.json"
+    expect_rejected "$program" --disable --disable layout,fuse_nothing
+    expect_rejected "$program" --data --data "$work/no/such/dir"
+    expect_rejected "$program" --bogus --bogus
+    "$program" --data "$data" --smoke --threads 2 --json "$work/smoke.json" >/dev/null &&
+      expect_json "mnist_train --smoke" "$work/smoke.json" || fail "mnist_train --smoke failed"
+    # A learning rate this large drives the loss to NaN; the run still writes valid JSON.
+    "$program" --data "$data" --epochs 1 --batch 500 --lr 3e38 --threads 2 \
+      --json "$work/nan.json" >/dev/null
+    expect_json "mnist_train --lr 3e38" "$work/nan.json"
+    grep -q '"final_loss": null' "$work/nan.json" || fail "the NaN loss is not written as null"
+    ;;
+  step_bench | fusion_bench | vs_libtorch)
+    step_flags_rejected "$program"
+    "$program" --rounds 1 --steps 1 --batch 8 --json "$work/bench.json" >/dev/null &&
+      expect_json "$(basename "$program")" "$work/bench.json" ||
+      fail "$(basename "$program") --rounds 1 failed"
+    ;;
+  gemm_conv_micro)
+    expect_rejected "$program" --threads --threads 0
+    expect_rejected "$program" --repeats --repeats 0
+    expect_rejected "$program" --repeats -r abc
+    expect_rejected "$program" "were not expected" 1 0
+    ;;
+  gemm_bench)
+    expect_rejected "$program" --bogus --bogus
+    ;;
+  *)
+    fail "no bad values known for $program"
+    ;;
+  esac
+done
+echo "$failures failures"
+[[ $failures -eq 0 ]]
