@@ -94,7 +94,8 @@ std::string speedup_chart(const std::vector<std::string>& networks,
          << "set style data histograms\nset style histogram clustered gap 1\n"
          << "set style fill solid 0.85 border -1\nset boxwidth 0.9\n"
          << "set ylabel 'speedup over all optimisations off'\nset yrange [0:*]\n"
-         << "set grid ytics\nset key top right\nset xtics nomirror\n"
+         << "set grid ytics\nset key outside top center horizontal\n"
+         << "set xtics nomirror rotate by 20 right\n"
          << "plot $speedup using 2:xtic(1) title columnheader";
   for (std::size_t n = 1; n < networks.size(); ++n)
     script << ", '' using " << n + 2 << " title columnheader";
@@ -170,7 +171,7 @@ int run(const bench::StepFlags& flags, const std::string& plot) {
   if (!plot.empty()) {
     const std::string title = "kiln fusion_bench: training step, batch " + std::to_string(batch) +
                               ", " + std::to_string(threads) + " threads, " + target;
-    kiln::tools::plot_svg(speedup_chart(networks, speedups, title), plot, "--plot");
+    kiln::tools::plot_svg(speedup_chart(networks, speedups, title), plot, "--plot", 900, 440);
     std::printf("wrote %s\n", plot.c_str());
   }
   return 0;

@@ -73,11 +73,13 @@ inline std::string gnuplot_quoted(const std::string& text) {
   return quoted + "\"";
 }
 
-/// Runs gnuplot `script` after setting its output to the SVG file `path`.
-inline void plot_svg(const std::string& script, const std::string& path, const char* what) {
+/// Runs gnuplot `script` after setting its output to an SVG file `path` of `width` x `height`.
+inline void plot_svg(const std::string& script, const std::string& path, const char* what,
+                     int width = 760, int height = 420) {
   pipe_into("gnuplot",
-            "set terminal svg size 760,420 dynamic noenhanced font 'sans,12'\nset output " +
-                gnuplot_quoted(path) + "\n" + script,
+            "set terminal svg size " + std::to_string(width) + "," + std::to_string(height) +
+                " dynamic noenhanced font 'sans,12'\nset output " + gnuplot_quoted(path) + "\n" +
+                script,
             what);
 }
 
