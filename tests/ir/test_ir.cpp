@@ -170,3 +170,31 @@ TEST_CASE("nn: parameters are named by layer index, in the module and in the IR"
   (void)net(g.input("x", {3, 2}));
   CHECK(kiln::to_text(g).find("param \"2.0.weight\" : f32[4,4]") != std::string::npos);
 }
+
+TEST_CASE("nn: a shape error names the layer and its Sequential entry as well as the node") {
+  kiln::nn::Sequential net{kiln::nn::Conv2d(1, 4, 3), kiln::nn::ReLU(), kiln::nn::MaxPool2d(2),
+                           kiln::nn::Flatten(), kiln::nn::Linear(2304, 10)};
+  kiln::Graph g;
+  const kiln::Value x = g.input("x", {8, 1, 28, 28});
+  std::string code;
+  const std::string message = error_message([&] {
+    try {
+      (void)net(x);
+    } catch (const kiln::Error& e) {
+      code = e.code();
+      throw;
+    }
+  });
+  CHECK(code == "kiln.verify.shape");
+  // 4 channels of 13x13 after the pool: 676 features, not 2304.
+  CHECK(message.find("in Sequential entry 4, Linear(2304 -> 10): ") != std::string::npos);
+  CHECK(message.find("[8,676]") != std::string::npos);
+
+  kiln::nn::Sequential outer{kiln::nn::Linear(3, 3), kiln::nn::ReLU()};
+  outer.add(std::make_shared<kiln::nn::Sequential>(
+      kiln::nn::Sequential{kiln::nn::Conv2d(2, 2, 3, 1, 1), kiln::nn::BatchNorm2d(2)}));
+  kiln::Graph h;
+  const std::string nested = error_message([&] { (void)outer(h.input("x", {2, 3})); });
+  CHECK(nested.find("in Sequential entry 2, Sequential(2 layers): in Sequential entry 0, "
+                    "Conv2d(2 -> 2, 3x3, stride 1, padding 1): ") != std::string::npos);
+}

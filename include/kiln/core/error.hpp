@@ -13,13 +13,17 @@ namespace kiln {
 class Error : public std::runtime_error {
 public:
   Error(std::string code, const std::string& message)
-      : std::runtime_error("[" + code + "] " + message), code_(std::move(code)) {}
+      : std::runtime_error("[" + code + "] " + message), code_(std::move(code)), message_(message) {
+  }
 
   /// The stable error code, e.g. "kiln.data.truncated".
   [[nodiscard]] const std::string& code() const noexcept { return code_; }
+  /// The message without the code.
+  [[nodiscard]] const std::string& message() const noexcept { return message_; }
 
 private:
   std::string code_;
+  std::string message_;
 };
 
 /// Stable error codes. Every code here has a test that triggers it.

@@ -25,6 +25,10 @@ public:
     running_var_ = {"running_var", constant_tensor(Shape{channels}, 1.0f)};
   }
 
+  [[nodiscard]] std::string describe() const override {
+    return "BatchNorm2d(" + std::to_string(channels_) + ")";
+  }
+
   Value forward(Value x) override {
     const Shape s = x.shape();
     if (s.rank() != 4 || s[1] != channels_)

@@ -12,7 +12,7 @@ class Conv2d : public Module {
 public:
   Conv2d(std::int64_t in_channels, std::int64_t out_channels, int kernel, int stride = 1,
          int padding = 0, bool bias = true)
-      : options_{stride, padding} {
+      : options_{stride, padding}, in_(in_channels), out_(out_channels), kernel_(kernel) {
     if (in_channels < 1 || out_channels < 1 || kernel < 1)
       fail(errc::argument, "Conv2d(" + std::to_string(in_channels) + ", " +
                                std::to_string(out_channels) + ", " + std::to_string(kernel) +
@@ -28,6 +28,12 @@ public:
     return y;
   }
 
+  [[nodiscard]] std::string describe() const override {
+    return "Conv2d(" + std::to_string(in_) + " -> " + std::to_string(out_) + ", " +
+           std::to_string(kernel_) + "x" + std::to_string(kernel_) + ", stride " +
+           std::to_string(options_.stride) + ", padding " + std::to_string(options_.padding) + ")";
+  }
+
   [[nodiscard]] std::vector<Parameter> parameters() const override {
     if (bias_.tensor) return {named(weight_), named(bias_)};
     return {named(weight_)};
@@ -35,6 +41,8 @@ public:
 
 private:
   Conv2dOptions options_;
+  std::int64_t in_, out_;
+  int kernel_;
   Parameter weight_;
   Parameter bias_;
 };

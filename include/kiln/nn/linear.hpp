@@ -10,7 +10,8 @@ namespace kiln::nn {
 /// y = x · weightᵀ + bias, weight [out, in], bias [out]; x is [N, in].
 class Linear : public Module {
 public:
-  Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true) {
+  Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true)
+      : in_(in_features), out_(out_features) {
     if (in_features < 1 || out_features < 1)
       fail(errc::argument, "Linear(" + std::to_string(in_features) + ", " +
                                std::to_string(out_features) + "): sizes must be positive");
@@ -25,12 +26,17 @@ public:
     return y;
   }
 
+  [[nodiscard]] std::string describe() const override {
+    return "Linear(" + std::to_string(in_) + " -> " + std::to_string(out_) + ")";
+  }
+
   [[nodiscard]] std::vector<Parameter> parameters() const override {
     if (bias_.tensor) return {named(weight_), named(bias_)};
     return {named(weight_)};
   }
 
 private:
+  std::int64_t in_, out_;
   Parameter weight_;
   Parameter bias_;
 };

@@ -27,6 +27,10 @@ public:
   virtual Value forward(Value x) = 0;
   Value operator()(Value x) { return forward(x); }
 
+  /// The layer as errors name it, e.g. "Linear(2304 -> 10)"; a layer of your own should say
+  /// what it is too.
+  [[nodiscard]] virtual std::string describe() const { return "a custom layer"; }
+
   /// Trainable parameters, named "weight", "bias", or "3.weight" inside a Sequential.
   [[nodiscard]] virtual std::vector<Parameter> parameters() const { return {}; }
   /// Non-trainable state (batchnorm running statistics).

@@ -23,6 +23,9 @@ public:
                             " differs from its input " + x.shape().str());
     return y + x;
   }
+  [[nodiscard]] std::string describe() const override {
+    return "Residual(" + inner_->describe() + ")";
+  }
   [[nodiscard]] std::vector<Parameter> parameters() const override { return inner_->parameters(); }
   [[nodiscard]] std::vector<Parameter> buffers() const override { return inner_->buffers(); }
   void train(bool on = true) override {

@@ -7,9 +7,17 @@
 
 namespace kiln::nn {
 
+/// "(kernel k, stride s, padding p)" of a pooling layer.
+inline std::string pool_text(const Pool2dOptions& o) {
+  return "(kernel " + std::to_string(o.kernel) + ", stride " +
+         std::to_string(o.stride > 0 ? o.stride : o.kernel) + ", padding " +
+         std::to_string(o.padding) + ")";
+}
+
 class ReLU : public Module {
 public:
   Value forward(Value x) override { return relu(x); }
+  [[nodiscard]] std::string describe() const override { return "ReLU"; }
 };
 
 /// Max pooling; stride defaults to the kernel size.
@@ -18,6 +26,7 @@ public:
   explicit MaxPool2d(int kernel, int stride = 0, int padding = 0)
       : options_{kernel, stride, padding} {}
   Value forward(Value x) override { return max_pool2d(x, options_); }
+  [[nodiscard]] std::string describe() const override { return "MaxPool2d" + pool_text(options_); }
 
 private:
   Pool2dOptions options_;
@@ -29,6 +38,7 @@ public:
   explicit AvgPool2d(int kernel, int stride = 0, int padding = 0)
       : options_{kernel, stride, padding} {}
   Value forward(Value x) override { return avg_pool2d(x, options_); }
+  [[nodiscard]] std::string describe() const override { return "AvgPool2d" + pool_text(options_); }
 
 private:
   Pool2dOptions options_;
@@ -38,12 +48,14 @@ private:
 class GlobalAvgPool2d : public Module {
 public:
   Value forward(Value x) override { return global_avg_pool2d(x); }
+  [[nodiscard]] std::string describe() const override { return "GlobalAvgPool2d"; }
 };
 
 /// [N, ...] -> [N, rest].
 class Flatten : public Module {
 public:
   Value forward(Value x) override { return flatten(x); }
+  [[nodiscard]] std::string describe() const override { return "Flatten"; }
 };
 
 /// Inverted dropout in training mode (zero with probability p, scale the rest by 1/(1-p));
@@ -58,6 +70,9 @@ public:
   Value forward(Value x) override {
     if (!training_ || p_ == 0.0f) return x;
     return x * dropout_mask(*x.graph, x.shape(), p_, seed_);
+  }
+  [[nodiscard]] std::string describe() const override {
+    return "Dropout(" + std::to_string(p_) + ")";
   }
 
 private:

@@ -84,6 +84,17 @@ public:
     device_->copy_in(address(in.buffer), data.data(), data.size_bytes());
   }
 
+  /// The memory of f32 input `name` itself, to be filled in place before run() instead of
+  /// copied in by set_input (e.g. through kiln::eigen::input). Only where the device's memory
+  /// is the host's; elsewhere kiln.api.argument.
+  [[nodiscard]] std::span<float> input_memory(const std::string& name) {
+    const PlanInput& in = find_input(name, DType::f32);
+    if (!device_->shares_host_memory())
+      fail(errc::argument,
+           "input_memory('" + name + "'): the device's memory is not the host's; use set_input");
+    return {view(in.buffer).f32(), static_cast<std::size_t>(in.buffer.shape.numel())};
+  }
+
   /// Copies i32 `data` (e.g. labels) into the input `name`, checking label ranges.
   void set_input(const std::string& name, std::span<const std::int32_t> data) {
     const PlanInput& in = find_input(name, DType::i32, data.size());
@@ -189,19 +200,26 @@ private:
     return TensorView{address(b), b.shape, b.dtype};
   }
 
-  const PlanInput& find_input(const std::string& name, DType dtype, std::size_t count) const {
+  const PlanInput& find_input(const std::string& name, DType dtype) const {
+    std::string known;
     for (const PlanInput& in : plan_.inputs) {
+      known += (known.empty() ? "'" : ", '") + in.name + "'";
       if (in.name != name) continue;
       if (in.buffer.dtype != dtype)
         fail(errc::dtype, "input '" + name + "' is " + std::string(dtype_name(in.buffer.dtype)) +
                               ", fed " + std::string(dtype_name(dtype)));
-      if (static_cast<std::int64_t>(count) != in.buffer.shape.numel())
-        fail(errc::shape, "input '" + name + "' has shape " + in.buffer.shape.str() + " (" +
-                              std::to_string(in.buffer.shape.numel()) + " elements), fed " +
-                              std::to_string(count));
       return in;
     }
-    fail(errc::not_found, "the plan has no input named '" + name + "'");
+    fail(errc::not_found, "the plan has no input named '" + name + "' (its inputs: " +
+                              (known.empty() ? std::string("none") : known) + ")");
+  }
+  const PlanInput& find_input(const std::string& name, DType dtype, std::size_t count) const {
+    const PlanInput& in = find_input(name, dtype);
+    if (static_cast<std::int64_t>(count) != in.buffer.shape.numel())
+      fail(errc::shape, "input '" + name + "' has shape " + in.buffer.shape.str() + " (" +
+                            std::to_string(in.buffer.shape.numel()) + " elements), fed " +
+                            std::to_string(count));
+    return in;
   }
 
   Plan plan_;
