@@ -87,7 +87,7 @@ for program in "$@"; do
     "$program" --data "$data" --smoke --threads 2 --json "$work/smoke.json" >/dev/null &&
       expect_json "mnist_train --smoke" "$work/smoke.json" || fail "mnist_train --smoke failed"
     # A learning rate this large drives the loss to NaN; the run still writes valid JSON.
-    "$program" --data "$data" --epochs 1 --batch 500 --lr 3e38 --threads 2 \
+    "$program" --data "$data" --model lenet5 --epochs 1 --batch 500 --lr 3e38 --threads 2 \
       --json "$work/nan.json" >/dev/null
     expect_json "mnist_train --lr 3e38" "$work/nan.json"
     grep -q '"final_loss": null' "$work/nan.json" || fail "the NaN loss is not written as null"
@@ -106,6 +106,9 @@ for program in "$@"; do
     ;;
   gemm_bench)
     expect_rejected "$program" --bogus --bogus
+    "$program" --benchmark_filter='kiln_matmul/M:64/N:576' --benchmark_min_time=0.01 \
+      --benchmark_format=json >"$work/gemm.json" &&
+      expect_json "gemm_bench --benchmark_format=json" "$work/gemm.json" || fail "gemm_bench failed"
     ;;
   *)
     fail "no bad values known for $program"
