@@ -81,13 +81,10 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_flag("--explain-fusion", o.explain_fusion,
                "print every fusion and layout decision with its reason, and every layout "
                "transform inserted");
-  std::vector<std::string> optimisations;
-  for (const kiln::Pass& p : kiln::default_pipeline) optimisations.emplace_back(p.name);
-  for (const kiln::LoweringSwitch& s : kiln::lowering_switches) optimisations.emplace_back(s.name);
   app.add_option("--disable", o.disable,
                  "switch optimisations off by name, e.g. --disable fuse_elementwise,layout")
       ->delimiter(',')
-      ->check(kiln::tools::one_of(optimisations, "optimisation"));
+      ->check(kiln::tools::one_of(kiln::optimisation_names(), "optimisation"));
   app.add_option("--dot", o.dot,
                  "write the optimised training step as Graphviz text, or rendered when the "
                  "name ends in .svg (fused kernels drawn as clusters)");

@@ -21,11 +21,6 @@ int main() try {
   kiln::Value loss = kiln::softmax_cross_entropy(net(x), y);
   kiln::train_step(loss, net.parameters(), kiln::optim::SGD{.lr = 0.01f});
 
-  // The names are those of kiln::default_pipeline's passes and the lowering switches.
-  const std::vector<std::string> everything = {
-      "fold",    "canonicalize",     "cse",           "mask_through_pool", "dce",
-      "layout",  "fuse_elementwise", "fuse_epilogue", "fuse_loss",         "schedule",
-      "inplace", "plan_memory"};
   struct Configuration {
     const char* name;
     std::vector<std::string> disable;
@@ -33,7 +28,7 @@ int main() try {
   const Configuration configurations[] = {
       {"all passes", {}},
       {"fusion off", {"fuse_elementwise", "fuse_epilogue", "fuse_loss"}},
-      {"all off", everything}};
+      {"all off", kiln::optimisation_names()}};
 
   kiln::Rng rng(1);
   std::vector<float> images(static_cast<std::size_t>(batch) * 28 * 28);

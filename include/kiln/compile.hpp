@@ -28,6 +28,15 @@ struct CompileOptions {
   std::ostream* dump_ir = nullptr;
 };
 
+/// Every name CompileOptions::disable accepts: the passes of default_pipeline in order, then
+/// the lowering switches.
+inline std::vector<std::string> optimisation_names() {
+  std::vector<std::string> names;
+  for (const Pass& p : default_pipeline) names.emplace_back(p.name);
+  for (const LoweringSwitch& s : lowering_switches) names.emplace_back(s.name);
+  return names;
+}
+
 /// Optimises a copy of `graph` with the default pipeline, lowers it and prepares it to run
 /// on `backend` (default: the CPU). The user's graph and its Values stay valid: outputs are
 /// read from the executor with the Values of `graph`.
@@ -48,10 +57,9 @@ inline Executor compile(const Graph& graph, const Backend& backend,
       ctx.disabled.insert(name);
     } else {
       std::string names;
-      for (const Pass& p : default_pipeline) names += std::string(p.name) + ", ";
-      for (const LoweringSwitch& s : lowering_switches) names += std::string(s.name) + ", ";
-      fail(errc::argument, "no pass named '" + name + "' (passes and switches: " +
-                               names.substr(0, names.size() - 2) + ")");
+      for (const std::string& known : optimisation_names())
+        names += (names.empty() ? "" : ", ") + known;
+      fail(errc::argument, "no pass named '" + name + "' (passes and switches: " + names + ")");
     }
   }
   ctx.dump_ir = options.dump_ir;

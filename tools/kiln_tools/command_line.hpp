@@ -36,6 +36,7 @@ template <class T> std::string range_text(T lo, T hi) {
   const auto text = [](T v) {
     if constexpr (std::is_floating_point_v<T>) {
       if (v == std::numeric_limits<T>::max()) return std::string("inf");
+      if (v == -std::numeric_limits<T>::max()) return std::string("-inf");
       char buffer[32];
       const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, v);
       return ec == std::errc{} ? std::string(buffer, end) : std::string("?");
