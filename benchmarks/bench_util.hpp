@@ -111,9 +111,10 @@ inline double own_cpu_seconds() {
 /// (A B A B ...) so that all of them see the same machine load. Each block of steps starts
 /// after a pause and one untimed call: thread pools spin for a while after their last task
 /// (libgomp's workers, oneTBB's), and a runner timed while the previous one's threads still
-/// spin would lose a core to them.
+/// spin would lose a core to them. `finishers[k]`, when given, waits for runner k's work.
 inline Timing time_alternately(const std::vector<std::function<void()>>& runners, int rounds,
-                               int steps) {
+                               int steps,
+                               const std::vector<std::function<void()>>& finishers = {}) {
   using clock = std::chrono::steady_clock;
   std::vector<std::vector<double>> ms(runners.size());
   const auto [busy0, total0] = detail::machine_jiffies();
@@ -121,12 +122,17 @@ inline Timing time_alternately(const std::vector<std::function<void()>>& runners
   const auto wall0 = clock::now();
   for (int r = 0; r < rounds; ++r)
     for (std::size_t k = 0; k < runners.size(); ++k) {
+      const auto finish = [&] {
+        if (!finishers.empty()) finishers[k]();
+      };
       if (runners.size() > 1) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         runners[k]();
+        finish();
       }
       const auto t0 = clock::now();
       for (int s = 0; s < steps; ++s) runners[k]();
+      finish();
       ms[k].push_back(1000.0 * std::chrono::duration<double>(clock::now() - t0).count() / steps);
     }
   Timing t;
@@ -141,11 +147,15 @@ inline Timing time_alternately(const std::vector<std::function<void()>>& runners
   return t;
 }
 
-/// time_alternately over executors' runs.
+/// time_alternately over executors' runs. A device may return before its work is done (a
+/// GPU), so every block of steps ends by waiting for its device.
 inline Timing time_alternately(std::vector<kiln::Executor>& exes, int rounds, int steps) {
-  std::vector<std::function<void()>> runners;
-  for (kiln::Executor& e : exes) runners.emplace_back([&e] { e.run(); });
-  return time_alternately(runners, rounds, steps);
+  std::vector<std::function<void()>> runners, finishers;
+  for (kiln::Executor& e : exes) {
+    runners.emplace_back([&e] { e.run(); });
+    finishers.emplace_back([&e] { e.device().synchronize(); });
+  }
+  return time_alternately(runners, rounds, steps, finishers);
 }
 
 /// The line every benchmark ends its table with.

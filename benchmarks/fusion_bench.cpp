@@ -103,7 +103,8 @@ std::string speedup_chart(const std::vector<std::string>& networks,
   return script.str();
 }
 
-int run(const bench::StepFlags& flags, const std::string& plot) {
+int run(const bench::StepFlags& flags, const std::string& device, const std::string& plot) {
+  const kiln::Backend& backend = kiln::backend_named(device);
   const kiln::tools::JsonOutput json(flags.json);
   if (!plot.empty()) {
     kiln::tools::require_program("gnuplot", "gnuplot-nox", "--plot");
@@ -123,7 +124,7 @@ int run(const bench::StepFlags& flags, const std::string& plot) {
     bench::build_training_step(g, make, batch, {.lr = 0.01f, .momentum = 0.9f});
     std::vector<kiln::Executor> exes;
     for (const Config& c : configs) {
-      exes.push_back(kiln::compile(g, {.threads = threads, .disable = c.disable}));
+      exes.push_back(kiln::compile(g, backend, {.threads = threads, .disable = c.disable}));
       exes.back().set_input("x", images);
       exes.back().set_input("y", labels);
       exes.back().run(); // warm-up: first touch of the arena, caches
@@ -141,8 +142,9 @@ int run(const bench::StepFlags& flags, const std::string& plot) {
     target = exes[0].plan().target.isa;
     networks.push_back(network);
     speedups.emplace_back();
-    std::printf("\n%s: training step, batch %d, %d threads, %s, median of %d rounds x %d steps\n",
-                network, batch, threads, target.c_str(), rounds, steps);
+    std::printf("\n%s: training step on %s, batch %d, %d threads, %s, median of %d rounds x %d "
+                "steps\n",
+                network, device.c_str(), batch, threads, target.c_str(), rounds, steps);
     std::printf("%-20s %9s %17s %8s %8s %12s %12s\n", "configuration", "ms/step", "min..max",
                 "speedup", "kernels", "MiB moved", "peak MiB");
     for (const Row& r : rows) {
@@ -159,6 +161,7 @@ int run(const bench::StepFlags& flags, const std::string& plot) {
                          {"kernels", r.kernels},
                          {"bytes_moved", r.bytes},
                          {"planned_peak_bytes", r.peak},
+                         {"device", device},
                          {"threads", threads},
                          {"batch", batch},
                          {"target", target},
@@ -169,8 +172,9 @@ int run(const bench::StepFlags& flags, const std::string& plot) {
   }
   json.write(results);
   if (!plot.empty()) {
-    const std::string title = "kiln fusion_bench: training step, batch " + std::to_string(batch) +
-                              ", " + std::to_string(threads) + " threads, " + target;
+    const std::string title = "kiln fusion_bench: training step on " + device + ", batch " +
+                              std::to_string(batch) + ", " + std::to_string(threads) +
+                              " threads, " + target;
     kiln::tools::plot_svg(speedup_chart(networks, speedups, title), plot, "--plot", 900, 440);
     std::printf("wrote %s\n", plot.c_str());
   }
@@ -185,7 +189,10 @@ int main(int argc, char** argv) {
                "fusion_bench");
   bench::StepFlags flags;
   bench::add_step_flags(app, flags);
-  std::string plot;
+  std::string plot, device = "cpu";
   app.add_option("--plot", plot, "draw each configuration's speedup as bars in an SVG file");
-  return kiln::tools::run(app, argc, argv, [&] { return run(flags, plot); });
+  app.add_option("--device", device,
+                 "where the steps run: cpu, or cuda in a build with kiln's CUDA backend")
+      ->check(kiln::tools::one_of({"cpu", "cuda"}, "device"));
+  return kiln::tools::run(app, argc, argv, [&] { return run(flags, device, plot); });
 }

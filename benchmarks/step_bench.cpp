@@ -1,5 +1,6 @@
-// step_bench: milliseconds per training step of the default MNIST CNN (batch 64) on 1 and
-// 2 threads, measured alternately in one run; prints a table and writes JSON.
+// step_bench: milliseconds per training step of a reference network (the default MNIST CNN,
+// batch 64) on 1 and 2 threads, measured alternately in one run, or on the GPU (--device cuda);
+// prints a table and writes JSON.
 // `step_bench --help` lists its flags.
 #include <algorithm>
 #include <chrono>
@@ -27,11 +28,12 @@ struct Setup {
   std::vector<std::int32_t> labels;
 };
 
-std::unique_ptr<Setup> make_step(int batch) {
+std::unique_ptr<Setup> make_step(const std::string& model, int batch) {
   using namespace kiln::nn;
   manual_seed(1);
   auto s = std::make_unique<Setup>();
-  s->net = models::mnist_cnn();
+  for (const auto& [name, make] : bench::reference_networks)
+    if (name == model) s->net = make();
   auto x = s->graph.input("x", {batch, 1, 28, 28});
   auto y = s->graph.input("y", {batch}, kiln::i32);
   s->loss = kiln::softmax_cross_entropy(s->net(x), y);
@@ -45,23 +47,29 @@ std::unique_ptr<Setup> make_step(int batch) {
   return s;
 }
 
-int run(int batch, int rounds, int steps, const std::string& json_path) {
+int run(const std::string& model, const std::string& device, int batch, int rounds, int steps,
+        const std::string& json_path) {
   const kiln::tools::JsonOutput json(json_path);
-  auto setup = make_step(batch);
-  const int thread_counts[] = {1, 2};
+  auto setup = make_step(model, batch);
+  const kiln::Backend& backend = kiln::backend_named(device);
+  // A GPU runs the step on one stream: one executor; the CPU on 1 and on 2 threads.
+  const std::vector<int> thread_counts =
+      device == "cpu" ? std::vector<int>{1, 2} : std::vector<int>{1};
   std::vector<kiln::Executor> exes;
   for (int t : thread_counts) {
-    exes.push_back(kiln::compile(setup->graph, {.threads = t}));
+    exes.push_back(kiln::compile(setup->graph, backend, {.threads = t}));
     exes.back().set_input("x", setup->images);
     exes.back().set_input("y", setup->labels);
     exes.back().run(); // warm-up
   }
   const bench::Timing timing = bench::time_alternately(exes, rounds, steps);
 
-  const double gflop = 4.58 * batch / 64.0; // 2·MACs forward + backward of this net, per step
+  double flops = 0.0; // of one step, as every op's definition counts them
+  for (const kiln::PlanStep& s : exes[0].plan().steps) flops += kiln::step_flops(s);
+  const double gflop = flops * 1e-9;
   const std::string& target = exes[0].plan().target.isa;
-  std::printf("default MNIST CNN training step, batch %d, target %s, %d rounds x %d steps\n", batch,
-              target.c_str(), rounds, steps);
+  std::printf("%s training step on %s, batch %d, target %s, %d rounds x %d steps\n", model.c_str(),
+              device.c_str(), batch, target.c_str(), rounds, steps);
   std::printf("%-8s %12s %22s %12s %10s\n", "threads", "ms/step", "min..max", "images/s",
               "GFLOP/s");
   nlohmann::json rows = nlohmann::json::array();
@@ -74,7 +82,8 @@ int run(int batch, int rounds, int steps, const std::string& json_path) {
   }
   bench::print_neighbours(timing);
   json.write({{"benchmark", "step_bench"},
-              {"network", "mnist_cnn"},
+              {"network", model},
+              {"device", device},
               {"batch", batch},
               {"target", target},
               {"build_type", KILN_BUILD_TYPE},
@@ -86,13 +95,23 @@ int run(int batch, int rounds, int steps, const std::string& json_path) {
 } // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("Times the default MNIST CNN's training step on 1 and 2 threads, alternately "
-               "in one run.",
+  CLI::App app("Times a reference network's training step on 1 and 2 threads, alternately in "
+               "one run, or on the GPU.",
                "step_bench");
   bench::StepFlags flags;
   flags.rounds = 7;
   flags.steps = 10;
   bench::add_step_flags(app, flags, /*threads_flag=*/false);
-  return kiln::tools::run(app, argc, argv,
-                          [&] { return run(flags.batch, flags.rounds, flags.steps, flags.json); });
+  std::string model = "mnist_cnn", device = "cpu";
+  std::vector<std::string> models;
+  for (const auto& [name, make] : bench::reference_networks) models.emplace_back(name);
+  app.add_option("-m,--model", model, "the network (kiln::nn::models)")
+      ->check(kiln::tools::one_of(models, "model"));
+  app.add_option("--device", device,
+                 "where the steps run: cpu (1 and 2 threads), or cuda in a build with kiln's "
+                 "CUDA backend")
+      ->check(kiln::tools::one_of({"cpu", "cuda"}, "device"));
+  return kiln::tools::run(app, argc, argv, [&] {
+    return run(model, device, flags.batch, flags.rounds, flags.steps, flags.json);
+  });
 }

@@ -8,6 +8,7 @@
 
 int main(int argc, char** argv) try {
   const char* dir = argc > 1 ? argv[1] : "data/mnist";
+  const char* device = argc > 2 ? argv[2] : "cpu"; // "cuda" where kiln::cuda is linked
   auto train = kiln::data::load_mnist(dir, kiln::data::Split::train);
 
   // 1. Describe the network and the loss as a graph.
@@ -20,7 +21,7 @@ int main(int argc, char** argv) try {
 
   // 2. Append backward + optimizer update, and compile the whole step.
   kiln::train_step(loss, net.parameters(), kiln::optim::SGD{.lr = 0.05f, .momentum = 0.9f});
-  kiln::Executor step = kiln::compile(g, {.threads = 2});
+  kiln::Executor step = kiln::compile(g, kiln::backend_named(device), {.threads = 2});
 
   // 3. Feed batches and read the loss.
   kiln::data::BatchLoader batches(train, {.batch_size = 64,

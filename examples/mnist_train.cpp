@@ -27,6 +27,7 @@ namespace {
 struct Options {
   std::string data = KILN_MNIST_DIR;
   std::string model = "mnist_cnn";
+  std::string device = "cpu";
   int epochs = 3;
   int batch = 64;
   double lr = 0.01;
@@ -61,6 +62,9 @@ void add_flags(CLI::App& app, Options& o) {
           "DIR"));
   app.add_option("-m,--model", o.model, "the network (kiln::nn::models)")
       ->check(kiln::tools::one_of({model_names.begin(), model_names.end()}, "model"));
+  app.add_option("--device", o.device,
+                 "where the step runs: cpu, or cuda in a build with kiln's CUDA backend")
+      ->check(kiln::tools::one_of({"cpu", "cuda"}, "device"));
   app.add_option("-e,--epochs", o.epochs, "passes over the training set")
       ->check(kiln::tools::integer_in(1, 1000));
   app.add_option("-b,--batch", o.batch, "images per training step")
@@ -213,8 +217,9 @@ int run(const Options& o) {
   const kiln::TrainStep training = kiln::train_step(
       loss, net.parameters(),
       kiln::optim::SGD{.lr = static_cast<float>(o.lr), .momentum = static_cast<float>(o.momentum)});
+  const kiln::Backend& backend = kiln::backend_named(o.device);
   kiln::Executor step = kiln::compile(
-      train_graph, {.threads = o.threads, .profile = o.profile, .disable = o.disable});
+      train_graph, backend, {.threads = o.threads, .profile = o.profile, .disable = o.disable});
   // Measured before training, so the measurement neither slows nor is slowed by the steps.
   const kiln::MachinePeak peak = o.profile ? kiln::machine_peak(step.plan()) : kiln::MachinePeak{};
 
@@ -223,15 +228,16 @@ int run(const Options& o) {
   kiln::Graph eval_graph;
   const auto logits = net(eval_graph.input("x", {eval_batch, 1, test.height, test.width}));
   eval_graph.mark_output(logits);
-  kiln::Executor eval = kiln::compile(eval_graph, {.threads = o.threads, .disable = o.disable});
+  kiln::Executor eval =
+      kiln::compile(eval_graph, backend, {.threads = o.threads, .disable = o.disable});
 
   const kiln::Plan& plan = step.plan();
   std::printf("compiled step: %zu kernels, arena %.1f MiB (unshared %.1f MiB, unoptimised step "
-              "%.1f MiB), %d threads, %s\n",
+              "%.1f MiB), %s, %d threads, %s\n",
               plan.steps.size(), static_cast<double>(plan.memory.arena_bytes) / 1048576.0,
               static_cast<double>(plan.memory.naive_bytes) / 1048576.0,
-              static_cast<double>(plan.unoptimised_bytes) / 1048576.0, plan.threads,
-              plan.target.isa.c_str());
+              static_cast<double>(plan.unoptimised_bytes) / 1048576.0, plan.target.backend.c_str(),
+              plan.threads, plan.target.isa.c_str());
   if (o.explain_fusion) explain_decisions(step);
   if (!o.dot.empty()) write_dot(step, o.dot);
   std::fflush(stdout);
@@ -249,6 +255,9 @@ int run(const Options& o) {
     loader.start_epoch(epoch);
     training.set_learning_rate(
         static_cast<float>(o.lr * std::pow(o.lr_decay, static_cast<double>(epoch))));
+    // A GPU holds its own copy of every parameter: the new rate reaches it by upload (the host
+    // copies are current, downloaded for the last evaluation; both calls do nothing on the CPU).
+    step.upload_params();
     kiln::tools::Progress progress(stdout, steps_per_epoch, o.batch);
     double loss_sum = 0.0, seconds = 0.0;
     for (std::int64_t b = 0; b < steps_per_epoch; ++b) {
@@ -257,8 +266,9 @@ int run(const Options& o) {
       step.set_input("x", images);
       step.set_input("y", labels);
       step.run();
-      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      // Reading the loss waits for the step: on a GPU, run() returns before the work is done.
       const float l = step.scalar(loss);
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       loss_sum += l;
       losses.push_back(l);
       char detail[32];
@@ -266,6 +276,8 @@ int run(const Options& o) {
       progress.update(b + 1, detail);
     }
     progress.finish();
+    step.download_params();
+    eval.upload_params();
     Epoch e{.number = epoch + 1,
             .learning_rate = training.learning_rate(),
             .loss = loss_sum / static_cast<double>(steps_per_epoch),
@@ -291,6 +303,7 @@ int run(const Options& o) {
         {"model", o.model},
         {"data", o.data},
         {"batch", o.batch},
+        {"device", plan.target.backend},
         {"threads", plan.threads},
         {"target", plan.target.isa},
         {"seed", o.seed},

@@ -4,9 +4,13 @@
 #include <algorithm>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/backends/cpu/backend.hpp"
+#if defined(KILN_WITH_CUDA)
+#include "kiln/backends/cuda/backend.hpp"
+#endif
 #include "kiln/passes/pipeline.hpp"
 #include "kiln/plan/lower.hpp"
 #include "kiln/runtime/executor.hpp"
@@ -26,6 +30,9 @@ struct CompileOptions {
   std::vector<std::string> disable{};
   /// When set, the IR after every pass is written here.
   std::ostream* dump_ir = nullptr;
+  /// Let the device record the step once and replay it (a CUDA graph: one launch per step).
+  /// Off, every run launches each kernel, as profilers and debuggers want.
+  bool replay = true;
 };
 
 /// Every name CompileOptions::disable accepts: the passes of default_pipeline in order, then
@@ -68,6 +75,7 @@ inline Executor compile(const Graph& graph, const Backend& backend,
   run_passes(*optimised, default_pipeline, ctx);
   ctx.report.optimised = optimised;
   Plan plan = lower(*optimised, backend, lowering);
+  plan.replay = options.replay;
   plan.output_origins = graph.outputs();
   plan.unoptimised_bytes = unshared_bytes(graph);
   Executor exe(std::move(plan), backend, std::move(ctx.report));
@@ -77,6 +85,23 @@ inline Executor compile(const Graph& graph, const Backend& backend,
 
 inline Executor compile(const Graph& graph, const CompileOptions& options = {}) {
   return compile(graph, cpu_backend(), options);
+}
+
+/// The backend called `name`: "cpu", or "cuda" in a program built with the CUDA backend (the
+/// kiln::cuda target defines KILN_WITH_CUDA). Anything else, or "cuda" without it, is a
+/// kiln::Error saying which backends this program has.
+inline const Backend& backend_named(std::string_view name) {
+  if (name == "cpu") return cpu_backend();
+#if defined(KILN_WITH_CUDA)
+  if (name == "cuda") return cuda_backend();
+  fail(errc::argument, "no backend named '" + std::string(name) + "' (backends: cpu, cuda)");
+#else
+  if (name == "cuda")
+    fail(errc::cuda_unavailable,
+         "this program was built without kiln's CUDA backend (configure "
+         "with -DKILN_CUDA=ON where nvcc is installed, and link kiln::cuda)");
+  fail(errc::argument, "no backend named '" + std::string(name) + "' (backends: cpu)");
+#endif
 }
 
 } // namespace kiln

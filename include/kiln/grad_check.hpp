@@ -17,6 +17,8 @@ struct GradCheckOptions {
   double absolute_tolerance = 2e-3;
   double relative_tolerance = 2e-2;
   int threads = 1;
+  /// The backend the graph runs on; null: the CPU.
+  const Backend* backend = nullptr;
 };
 
 struct GradCheckResult {
@@ -40,7 +42,8 @@ check_gradients(const std::function<Value(Graph&, const std::vector<Value>&)>& b
   const std::vector<Value> grads = gradients(loss, params);
   g.mark_output(loss);
   for (const Value& gv : grads) g.mark_output(gv);
-  Executor exe = compile(g, CompileOptions{options.threads, false});
+  Executor exe = compile(g, options.backend ? *options.backend : cpu_backend(),
+                         CompileOptions{options.threads, false});
   exe.run();
   std::vector<std::vector<float>> analytic;
   for (const Value& gv : grads) {
@@ -52,13 +55,17 @@ check_gradients(const std::function<Value(Graph&, const std::vector<Value>&)>& b
     auto data = tensors[p]->f32();
     for (std::size_t i = 0; i < data.size(); ++i) {
       const float saved = data[i];
+      // upload_params: a device with memory of its own sees the host's change only then.
       data[i] = saved + options.step;
+      exe.upload_params();
       exe.run();
       const double plus = exe.scalar(loss);
       data[i] = saved - options.step;
+      exe.upload_params();
       exe.run();
       const double minus = exe.scalar(loss);
       data[i] = saved;
+      exe.upload_params();
       const double numeric = (plus - minus) / (2.0 * static_cast<double>(options.step));
       const double a = analytic[p][i];
       const double err = std::abs(a - numeric) / (options.absolute_tolerance +

@@ -243,10 +243,11 @@ inline int same_sized_operand(const OpRow& row, const TensorType& out) {
   return -1;
 }
 
-/// The row's gradient against central finite differences (GradCheckOptions' defaults): every
-/// f32 operand is differentiated through loss = sum(node * R), R fixed and random; label
-/// operands stay constant.
-inline GradCheckResult check_row_gradient(const OpRow& row, std::uint64_t seed) {
+/// The row's gradient on `backend` against central finite differences (GradCheckOptions'
+/// defaults otherwise): every f32 operand is differentiated through loss = sum(node * R), R
+/// fixed and random; label operands stay constant.
+inline GradCheckResult check_row_gradient(const OpRow& row, std::uint64_t seed,
+                                          const Backend& backend = cpu_backend()) {
   const std::vector<Values> values = draw_all(row, seed);
   std::vector<std::shared_ptr<Tensor>> probed, constants;
   for (std::size_t i = 0; i < row.operands.size(); ++i) {
@@ -277,7 +278,7 @@ inline GradCheckResult check_row_gradient(const OpRow& row, std::uint64_t seed) 
         std::copy(r.f32.begin(), r.f32.end(), weights->f32().begin());
         return sum(out * g.param("R", weights));
       },
-      probed);
+      probed, GradCheckOptions{.backend = &backend});
 }
 
 } // namespace kiln::test

@@ -194,3 +194,23 @@ TEST_CASE("backend contract: memory a device cannot give is kiln.runtime.memory,
   CHECK(none != nullptr);
   device->free(none);
 }
+
+TEST_CASE(
+    "backend contract: a backend is chosen by name, and cuda without the CUDA build says so") {
+  CHECK(&kiln::backend_named("cpu") == &kiln::cpu_backend());
+  // This suite is built without kiln::cuda (tests/cuda has the CUDA backend's own tests).
+  try {
+    (void)kiln::backend_named("cuda");
+    FAIL("a CUDA backend in a program built without it");
+  } catch (const kiln::Error& e) {
+    CHECK(e.code() == "kiln.cuda.unavailable");
+    CHECK(e.message().find("-DKILN_CUDA=ON") != std::string::npos);
+  }
+  try {
+    (void)kiln::backend_named("tpu");
+    FAIL("a backend that does not exist");
+  } catch (const kiln::Error& e) {
+    CHECK(e.code() == "kiln.api.argument");
+    CHECK(e.message() == "no backend named 'tpu' (backends: cpu)");
+  }
+}

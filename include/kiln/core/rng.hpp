@@ -3,11 +3,13 @@
 
 #include <cstdint>
 
+#include "kiln/core/host_device.hpp"
+
 namespace kiln {
 
 /// Mixes a 64-bit value into a well-distributed one (splitmix64 finaliser). Counter-based:
 /// hash(seed, index) needs no state, so parallel kernels draw reproducible numbers.
-constexpr std::uint64_t mix64(std::uint64_t z) {
+KILN_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t z) {
   z += 0x9e3779b97f4a7c15ULL;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
@@ -15,7 +17,7 @@ constexpr std::uint64_t mix64(std::uint64_t z) {
 }
 
 /// Uniform float in [0, 1) from the top 24 bits of a hash.
-constexpr float unit_float(std::uint64_t bits) {
+KILN_HOST_DEVICE constexpr float unit_float(std::uint64_t bits) {
   return static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
 }
 

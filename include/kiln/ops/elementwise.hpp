@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "kiln/core/host_device.hpp"
 #include "kiln/ops/broadcast.hpp"
 #include "kiln/ops/builders.hpp"
 #include "kiln/ops/op_def.hpp"
@@ -51,7 +52,9 @@ struct BinaryElementwise : ElementwiseDefaults {
 
 template <> struct OpDef<Op::Add> : BinaryElementwise {
   static constexpr bool commutative = true;
-  template <class M, class V> static V apply(const M& m, V a, V b, V) { return m.add(a, b); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V b, V) {
+    return m.add(a, b);
+  }
   static void grad(GradContext& c) {
     if (c.wants(0)) c.dx[0] = detail::unbroadcast(c.dy, c.in(0));
     if (c.wants(1)) c.dx[1] = detail::unbroadcast(c.dy, c.in(1));
@@ -59,7 +62,9 @@ template <> struct OpDef<Op::Add> : BinaryElementwise {
 };
 
 template <> struct OpDef<Op::Sub> : BinaryElementwise {
-  template <class M, class V> static V apply(const M& m, V a, V b, V) { return m.sub(a, b); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V b, V) {
+    return m.sub(a, b);
+  }
   static void grad(GradContext& c) {
     if (c.wants(0)) c.dx[0] = detail::unbroadcast(c.dy, c.in(0));
     if (c.wants(1)) c.dx[1] = detail::unbroadcast(neg(c.dy), c.in(1));
@@ -68,7 +73,9 @@ template <> struct OpDef<Op::Sub> : BinaryElementwise {
 
 template <> struct OpDef<Op::Mul> : BinaryElementwise {
   static constexpr bool commutative = true;
-  template <class M, class V> static V apply(const M& m, V a, V b, V) { return m.mul(a, b); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V b, V) {
+    return m.mul(a, b);
+  }
   static void grad(GradContext& c) {
     if (c.wants(0)) c.dx[0] = detail::unbroadcast(c.dy * c.in(1), c.in(0));
     if (c.wants(1)) c.dx[1] = detail::unbroadcast(c.dy * c.in(0), c.in(1));
@@ -76,7 +83,9 @@ template <> struct OpDef<Op::Mul> : BinaryElementwise {
 };
 
 template <> struct OpDef<Op::Div> : BinaryElementwise {
-  template <class M, class V> static V apply(const M& m, V a, V b, V) { return m.div(a, b); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V b, V) {
+    return m.div(a, b);
+  }
   static void grad(GradContext& c) {
     if (c.wants(0)) c.dx[0] = detail::unbroadcast(c.dy / c.in(1), c.in(0));
     // d(a/b)/db = -(a/b)/b
@@ -85,12 +94,16 @@ template <> struct OpDef<Op::Div> : BinaryElementwise {
 };
 
 template <> struct OpDef<Op::Neg> : UnaryElementwise {
-  template <class M, class V> static V apply(const M& m, V a, V, V) { return m.neg(a); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V, V) {
+    return m.neg(a);
+  }
   static void grad(GradContext& c) { c.dx[0] = neg(c.dy); }
 };
 
 template <> struct OpDef<Op::Relu> : UnaryElementwise {
-  template <class M, class V> static V apply(const M& m, V a, V, V) { return m.max(a, m.zero()); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V, V) {
+    return m.max(a, m.zero());
+  }
   // The mask reads the output, not the input: y > 0 exactly where x > 0, and the input
   // can then die right after the forward relu.
   static void grad(GradContext& c) { c.dx[0] = relu_grad(c.out(), c.dy); }
@@ -106,7 +119,7 @@ template <> struct OpDef<Op::ReluGrad> : ElementwiseDefaults {
       c.fail(errc::shape, c.in(0).shape.str() + " vs " + c.in(1).shape.str());
     return c.in(1);
   }
-  template <class M, class V> static V apply(const M& m, V y, V dy, V) {
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V y, V dy, V) {
     return m.where_positive(y, dy);
   }
   static void grad(GradContext& c) {
@@ -115,22 +128,30 @@ template <> struct OpDef<Op::ReluGrad> : ElementwiseDefaults {
 };
 
 template <> struct OpDef<Op::Exp> : UnaryElementwise {
-  template <class M, class V> static V apply(const M& m, V a, V, V) { return m.exp(a); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V, V) {
+    return m.exp(a);
+  }
   static void grad(GradContext& c) { c.dx[0] = c.dy * c.out(); }
 };
 
 template <> struct OpDef<Op::Log> : UnaryElementwise {
-  template <class M, class V> static V apply(const M& m, V a, V, V) { return m.log(a); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V, V) {
+    return m.log(a);
+  }
   static void grad(GradContext& c) { c.dx[0] = c.dy / c.in(0); }
 };
 
 template <> struct OpDef<Op::Sqrt> : UnaryElementwise {
-  template <class M, class V> static V apply(const M& m, V a, V, V) { return m.sqrt(a); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V, V) {
+    return m.sqrt(a);
+  }
   static void grad(GradContext& c) { c.dx[0] = mul_scalar(c.dy / c.out(), 0.5f); }
 };
 
 template <> struct OpDef<Op::Rsqrt> : UnaryElementwise {
-  template <class M, class V> static V apply(const M& m, V a, V, V) { return m.rsqrt(a); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V, V) {
+    return m.rsqrt(a);
+  }
   // d(x^-1/2)/dx = -1/2 x^-3/2 = -1/2 y^3
   static void grad(GradContext& c) {
     c.dx[0] = mul_scalar(c.dy * (c.out() * square(c.out())), -0.5f);
@@ -138,7 +159,9 @@ template <> struct OpDef<Op::Rsqrt> : UnaryElementwise {
 };
 
 template <> struct OpDef<Op::Square> : UnaryElementwise {
-  template <class M, class V> static V apply(const M& m, V a, V, V) { return m.mul(a, a); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V, V) {
+    return m.mul(a, a);
+  }
   static void grad(GradContext& c) { c.dx[0] = mul_scalar(c.dy * c.in(0), 2.0f); }
 };
 
@@ -151,12 +174,16 @@ struct ScalarElementwise : UnaryElementwise {
 };
 
 template <> struct OpDef<Op::MulScalar> : ScalarElementwise {
-  template <class M, class V> static V apply(const M& m, V a, V, V s) { return m.mul(a, s); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V, V s) {
+    return m.mul(a, s);
+  }
   static void grad(GradContext& c) { c.dx[0] = mul_scalar(c.dy, c.attr<ScalarAttrs>().value); }
 };
 
 template <> struct OpDef<Op::AddScalar> : ScalarElementwise {
-  template <class M, class V> static V apply(const M& m, V a, V, V s) { return m.add(a, s); }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M& m, V a, V, V s) {
+    return m.add(a, s);
+  }
   static void grad(GradContext& c) { c.dx[0] = c.dy; }
 };
 
@@ -169,7 +196,7 @@ template <> struct OpDef<Op::BroadcastTo> : UnaryElementwise {
       c.fail(errc::shape, c.in(0).shape.str() + " does not broadcast to " + to.str());
     return TensorType{to, DType::f32};
   }
-  template <class M, class V> static V apply(const M&, V a, V, V) { return a; }
+  template <class M, class V> KILN_HOST_DEVICE static V apply(const M&, V a, V, V) { return a; }
   static void grad(GradContext& c) { c.dx[0] = detail::unbroadcast(c.dy, c.in(0)); }
   /// The target shape, permuted to NHWC.
   static Attrs channels_last_attrs(const Attrs& attrs) {

@@ -142,8 +142,9 @@ struct JointKernel {
 ///   static TensorType infer(const InferContext&);
 ///   static void grad(GradContext&);        or `static constexpr GradFn grad = nullptr;`
 /// and, where OpDefaults' choice is wrong for it, the properties OpDefaults lists.
-/// Elementwise ops also provide the arithmetic, once, over a math policy M (scalar or SIMD):
-///   `template <class M> static typename M::V apply(const M&, V a, V b, V scalar);`
+/// Elementwise ops also provide the arithmetic, once, over a math policy M (scalar, SIMD or
+/// CUDA), marked KILN_HOST_DEVICE so that the CUDA kernels call the same line:
+///   `template <class M, class V> KILN_HOST_DEVICE static V apply(const M&, V a, V b, V scalar);`
 template <Op op> struct OpDef;
 
 /// Defaults shared by most op definitions: every property lowering and the passes ask.

@@ -83,8 +83,14 @@ public:
 
   /// Runs kernels[i](args[i]) in order. When `seconds` is not empty, adds each call's time to
   /// seconds[i]. May return before the work is done; synchronize() waits for it.
+  /// An executor passes the same spans on every call, only KernelArgs::run_counter changing, so
+  /// a device may record the calls once and replay the recording (a CUDA graph); kernels of
+  /// such a device read per-run values through the device, not from their arguments.
   virtual void run(std::span<const KernelFn> kernels, std::span<const KernelArgs> args,
                    std::span<double> seconds) = 0;
+  /// Whether run() may replay a recording of earlier calls (on by default where a device can);
+  /// off, every run launches each kernel, for profilers and debuggers.
+  virtual void set_replay(bool) {}
   /// Waits until every run and copy issued so far is done.
   virtual void synchronize() = 0;
   /// A clock in seconds: two readings taken after synchronize() time the device work between.

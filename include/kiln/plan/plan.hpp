@@ -64,6 +64,8 @@ struct Plan {
   std::size_t unoptimised_bytes = 0;
   std::size_t workspace_per_worker = 0;
   int threads = 1;
+  /// Whether the device may record the step once and replay it (CompileOptions::replay).
+  bool replay = true;
   /// The device the plan was lowered for: its backend, ISA, and how to measure its peak.
   Target target;
 };

@@ -59,6 +59,7 @@ public:
         arena_(*device_, plan_.memory.arena_bytes),
         workspace_(*device_,
                    plan_.workspace_per_worker * static_cast<std::size_t>(device_->workers())) {
+    device_->set_replay(plan_.replay);
     bind_params();
     kernels_.reserve(plan_.steps.size());
     args_.reserve(plan_.steps.size());

@@ -21,31 +21,15 @@
 
 namespace kiln::cpu {
 
-/// The first variant of the call's op in `table` that accepts it, with its scratch need.
+/// The variant of `table` that runs the call, with its scratch need.
 inline KernelChoice select(const KernelTable& table, const KernelQuery& query) {
-  const std::vector<KernelVariant>& variants = table.variants[op_index(query.op)];
-  for (const KernelVariant& v : variants)
-    if (!v.accepts || v.accepts(query))
-      return {v.run, v.workspace ? v.workspace(query) : 0, v.name};
-  if (variants.empty()) return {nullptr, 0, "the CPU has no kernel for this op"};
-  std::string names;
-  for (const KernelVariant& v : variants)
-    names += (names.empty() ? "" : ", ") + std::string(v.name);
-  return {nullptr, 0, "none of its kernels (" + names + ") takes these shapes and attributes"};
+  return table.select(query, "the CPU");
 }
 
 /// select() for a call whose arguments are already laid out (data pointers may be null), for
 /// tests and micro-benchmarks that call kernels directly.
 inline KernelChoice select(const KernelTable& table, Op op, const KernelArgs& args) {
-  std::array<TensorType, max_op_inputs> types{};
-  for (int i = 0; i < args.num_inputs; ++i) {
-    const TensorView& in = args.in[static_cast<std::size_t>(i)];
-    types[static_cast<std::size_t>(i)] = TensorType{in.shape, in.dtype};
-  }
-  return select(table, KernelQuery{op, args.attrs,
-                                   std::span<const TensorType>(
-                                       types.data(), static_cast<std::size_t>(args.num_inputs)),
-                                   TensorType{args.out.shape, args.out.dtype}});
+  return table.select(op, args, "the CPU");
 }
 
 /// Sum of the multiply-add rates of `threads` threads running the FMA loop at the same time.

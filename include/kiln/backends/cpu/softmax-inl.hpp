@@ -19,6 +19,7 @@
 
 #include "hwy/contrib/math/math-inl.h"
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/rows.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::HWY_NAMESPACE {
@@ -28,16 +29,6 @@ namespace softmax_detail {
 
 /// Elements a parallel task should at least touch to pay for its scheduling.
 inline constexpr std::int64_t kMinTaskElements = 16384;
-
-/// Row-wise view of a tensor: `rows` rows of `cols` contiguous elements (the last dim).
-struct Rows {
-  std::int64_t rows = 0, cols = 0;
-};
-
-inline Rows RowsOf(const Shape& s) {
-  const std::int64_t cols = s.rank() == 0 ? 1 : s[s.rank() - 1];
-  return {cols == 0 ? 0 : s.numel() / cols, cols};
-}
 
 /// Calls f(row) for every row, in parallel.
 template <class F> inline void ForEachRow(Rows r, const F& f) {
@@ -101,7 +92,7 @@ inline float RowLogSumExp(const float* x, std::int64_t n) {
 }
 
 inline void LogSoftmax(const KernelArgs& args) {
-  const Rows r = RowsOf(args.in[0].shape);
+  const Rows r = rows_of(args.in[0].shape);
   const float* x = args.in[0].f32();
   float* y = args.out.f32();
   ForEachRow(r, [&](std::int64_t i) HWY_ATTR {
@@ -115,7 +106,7 @@ inline void LogSoftmax(const KernelArgs& args) {
 }
 
 inline void LogSoftmaxGrad(const KernelArgs& args) {
-  const Rows r = RowsOf(args.in[0].shape);
+  const Rows r = rows_of(args.in[0].shape);
   const float* y = args.in[0].f32();
   const float* dy = args.in[1].f32();
   float* dx = args.out.f32();
@@ -159,7 +150,7 @@ void MeanCrossEntropy(const Rows& r, const float* x, const std::int32_t* labels,
 }
 
 inline void SoftmaxCrossEntropy(const KernelArgs& args) {
-  MeanCrossEntropy(RowsOf(args.in[0].shape), args.in[0].f32(), args.in[1].i32(), args.out.f32(),
+  MeanCrossEntropy(rows_of(args.in[0].shape), args.in[0].f32(), args.in[1].i32(), args.out.f32(),
                    [](std::int64_t, float) {});
 }
 
@@ -174,7 +165,7 @@ HWY_INLINE void CrossEntropyGradRow(const float* xr, std::int64_t cols, float ls
 }
 
 inline void SoftmaxCrossEntropyGrad(const KernelArgs& args) {
-  const Rows r = RowsOf(args.in[0].shape);
+  const Rows r = rows_of(args.in[0].shape);
   const float* x = args.in[0].f32();
   const std::int32_t* labels = args.in[1].i32();
   const float scale = *args.in[2].f32() / static_cast<float>(std::max<std::int64_t>(1, r.rows));
@@ -188,7 +179,7 @@ inline void SoftmaxCrossEntropyGrad(const KernelArgs& args) {
 /// The gradient rows and the mean loss from one logsumexp per row; the loss is summed in
 /// the same deterministic order as SoftmaxCrossEntropy, so both give the same bits.
 inline void SoftmaxCrossEntropyWithGrad(const KernelArgs& args) {
-  const Rows r = RowsOf(args.in[0].shape);
+  const Rows r = rows_of(args.in[0].shape);
   const float* x = args.in[0].f32();
   const std::int32_t* labels = args.in[1].i32();
   const float scale = *args.in[2].f32() / static_cast<float>(std::max<std::int64_t>(1, r.rows));

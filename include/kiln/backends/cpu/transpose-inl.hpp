@@ -27,6 +27,7 @@
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "kiln/backends/cpu/variants.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
+#include "kiln/backends/essential_transpose.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::HWY_NAMESPACE {
@@ -46,49 +47,6 @@ inline constexpr std::int64_t kChunk = 256;
 /// cache lines. (Measured on AVX-512: 64 x 32 moves ~23 GB/s on one core, memcpy ~29; an
 /// 8 x 8 transpose in 256-bit registers was slower.)
 inline constexpr std::int64_t kBlockRows = 64, kBlockCols = 32;
-
-/// A transpose in essential form: input dims (row-major, no size-1 dims, no two input axes
-/// that are neighbours in the output too) and the permutation (output axis i = input perm[i]).
-struct Essential {
-  int rank = 0;
-  std::array<std::int64_t, Shape::max_rank> dims{};
-  std::array<int, Shape::max_rank> perm{};
-};
-
-inline Essential Simplify(const Shape& in, std::span<const int> perm) {
-  const auto rank = static_cast<std::size_t>(in.rank());
-  // Drop size-1 axes: kept[a] is the new index of input axis a, or -1.
-  std::array<int, Shape::max_rank> kept{};
-  std::array<std::int64_t, Shape::max_rank> dims{};
-  std::size_t m = 0;
-  for (std::size_t a = 0; a < rank; ++a) {
-    const std::int64_t d = in[static_cast<int>(a)];
-    kept[a] = d == 1 ? -1 : static_cast<int>(m);
-    if (d != 1) dims[m++] = d;
-  }
-  std::array<std::size_t, Shape::max_rank> p{}; // the permutation of the kept axes
-  std::size_t n = 0;
-  for (std::size_t i = 0; i < rank; ++i)
-    if (const int a = kept[static_cast<std::size_t>(perm[i])]; a >= 0)
-      p[n++] = static_cast<std::size_t>(a);
-  // Merge runs of input axes that follow each other in the output too: an axis leads its
-  // run unless the output axis before it is the input axis before it.
-  std::array<bool, Shape::max_rank> leads{};
-  leads.fill(true);
-  for (std::size_t i = 1; i < m; ++i)
-    if (p[i] == p[i - 1] + 1) leads[p[i]] = false;
-  std::array<int, Shape::max_rank> merged{}; // the merged axis of each kept axis
-  Essential e;
-  for (std::size_t a = 0; a < m; ++a) {
-    if (leads[a]) e.dims[static_cast<std::size_t>(e.rank++)] = 1;
-    merged[a] = e.rank - 1;
-    e.dims[static_cast<std::size_t>(e.rank - 1)] *= dims[a];
-  }
-  std::size_t out = 0;
-  for (std::size_t i = 0; i < m; ++i)
-    if (leads[p[i]]) e.perm[out++] = merged[p[i]];
-  return e;
-}
 
 /// Up to max_rank - 2 outer axes walked in row-major order, carrying a source and a
 /// destination offset.
@@ -228,19 +186,14 @@ inline void Transpose2D(const Word* HWY_RESTRICT src, std::int64_t ss, Word* HWY
 inline void Transpose(const Word* src, Word* dst, const Shape& in, std::span<const int> perm) {
   const std::int64_t total = in.numel();
   if (total == 0) return;
-  const Essential e = Simplify(in, perm);
+  const EssentialTranspose e = essential_transpose(in, perm);
   const int k = e.rank;
   if (k <= 1) { // nothing moves
     std::memcpy(dst, src, static_cast<std::size_t>(total) * sizeof(Word));
     return;
   }
   std::array<std::int64_t, Shape::max_rank> in_stride{}, out_stride{};
-  in_stride[static_cast<std::size_t>(k - 1)] = out_stride[static_cast<std::size_t>(k - 1)] = 1;
-  for (int a = k - 2; a >= 0; --a) {
-    const auto u = static_cast<std::size_t>(a);
-    in_stride[u] = in_stride[u + 1] * e.dims[u + 1];
-    out_stride[u] = out_stride[u + 1] * e.dims[static_cast<std::size_t>(e.perm[u + 1])];
-  }
+  e.strides(in_stride, out_stride);
   const auto src_stride_of_output_axis = [&](int i) {
     return in_stride[static_cast<std::size_t>(e.perm[static_cast<std::size_t>(i)])];
   };
