@@ -52,10 +52,13 @@ template <int operands> struct BroadcastIndex {
   std::array<std::array<std::int64_t, Shape::max_rank>, operands> strides{};
   /// Bit k set where operand k has the output's shape: its offset is i itself.
   std::uint32_t same_shape = 0;
+  /// The output has fewer than 2^31 elements: coordinates in 32-bit arithmetic.
+  bool narrow = false;
 
   BroadcastIndex() = default;
   /// `shapes[k]` broadcasts to `out` (numpy rules, aligned at the innermost dimension).
-  BroadcastIndex(const Shape& out, const Shape* shapes, int count) : rank(out.rank()) {
+  BroadcastIndex(const Shape& out, const Shape* shapes, int count)
+      : rank(out.rank()), narrow(out.numel() < (std::int64_t{1} << 31)) {
     for (int d = 0; d < rank; ++d) dims[static_cast<std::size_t>(d)] = out[d];
     for (int k = 0; k < count; ++k) {
       const Shape padded = pad_rank(shapes[k], rank);
@@ -69,13 +72,28 @@ template <int operands> struct BroadcastIndex {
     }
   }
 
-  /// Offsets of output element i in the first `count` operands.
+  /// Offsets of output element i in the first `count` operands. Coordinates are worked out
+  /// only when an operand broadcasts.
   __device__ void offsets(std::int64_t i, int count, std::int64_t* out) const {
+    const std::uint32_t all = (1u << count) - 1;
+    if ((same_shape & all) == all) {
+      for (int k = 0; k < count; ++k) out[k] = i;
+      return;
+    }
     std::int64_t coordinate[Shape::max_rank];
-    std::int64_t rest = i;
-    for (int d = rank - 1; d >= 0; --d) {
-      coordinate[d] = rest % dims[static_cast<std::size_t>(d)];
-      rest /= dims[static_cast<std::size_t>(d)];
+    if (narrow) {
+      auto rest = static_cast<std::uint32_t>(i);
+      for (int d = rank - 1; d >= 0; --d) {
+        const auto extent = static_cast<std::uint32_t>(dims[static_cast<std::size_t>(d)]);
+        coordinate[d] = rest % extent;
+        rest /= extent;
+      }
+    } else {
+      std::int64_t rest = i;
+      for (int d = rank - 1; d >= 0; --d) {
+        coordinate[d] = rest % dims[static_cast<std::size_t>(d)];
+        rest /= dims[static_cast<std::size_t>(d)];
+      }
     }
     for (int k = 0; k < count; ++k) {
       if (same_shape >> k & 1u) {
