@@ -36,12 +36,17 @@ struct Options {
   int threads = 0;
   std::uint64_t seed = 1;
   bool smoke = false;
+  bool allow_non_finite = false;
   bool profile = false;
   bool explain_fusion = false;
   std::vector<std::string> disable;
   std::string json;
   std::string dot;
   std::string plot;
+  std::string save;
+  std::int64_t save_every = 0;
+  int keep = 3;
+  std::string resume;
 };
 
 const std::array<std::string, 3> model_names = {"mnist_cnn", "lenet5", "small_resnet"};
@@ -82,6 +87,9 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(kiln::tools::unsigned_integer());
   app.add_flag("--smoke", o.smoke, "30 steps of one epoch; fails unless the loss falls (ctest)");
   app.add_flag("-p,--profile", o.profile, "print the kernels that took the most time");
+  app.add_flag("--allow-non-finite", o.allow_non_finite,
+               "keep training when the loss is NaN or infinite (by default the first such step "
+               "stops the run with an error naming it)");
   app.add_flag("--explain-fusion", o.explain_fusion,
                "print every fusion and layout decision with its reason, and every layout "
                "transform inserted");
@@ -94,6 +102,47 @@ void add_flags(CLI::App& app, Options& o) {
                  "name ends in .svg (fused kernels drawn as clusters)");
   app.add_option("--plot", o.plot, "draw loss and test accuracy per epoch as an SVG file");
   app.add_option("--json", o.json, "write the run's results and per-epoch history (docs/json.md)");
+  app.add_option("--save", o.save,
+                 "write a checkpoint (safetensors: weights, optimizer state, position) into this "
+                 "folder after every epoch");
+  app.add_option("--save-every", o.save_every, "with --save, also every N steps (0: per epoch)")
+      ->check(kiln::tools::integer_in(0, 1 << 30));
+  app.add_option("--keep", o.keep, "with --save, how many of the newest checkpoints to keep")
+      ->check(kiln::tools::integer_in(1, 100000));
+  app.add_option("--resume", o.resume,
+                 "continue from the newest checkpoint in this folder: the same steps, batches "
+                 "and weights as a run that never stopped (on the same thread count)");
+}
+
+/// The checkpoint written after `step` steps: "step-000000375.safetensors", so that names sort
+/// as the steps do.
+std::filesystem::path checkpoint_path(const std::string& dir, std::int64_t step) {
+  char name[48];
+  std::snprintf(name, sizeof name, "step-%09lld.safetensors", static_cast<long long>(step));
+  return std::filesystem::path(dir) / name;
+}
+
+/// The checkpoints in `dir`, oldest first.
+std::vector<std::filesystem::path> checkpoints_in(const std::string& dir) {
+  std::vector<std::filesystem::path> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("step-") && name.ends_with(".safetensors")) found.push_back(entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+/// Writes the step's state after `done` steps and keeps only the newest `keep` checkpoints.
+void save_checkpoint(const Options& o, kiln::Executor& step,
+                     const std::vector<kiln::nn::Parameter>& state,
+                     const kiln::CheckpointInfo& info) {
+  step.download_params(); // a GPU's parameters come home first
+  kiln::save_checkpoint(checkpoint_path(o.save, info.step), state, info);
+  std::vector<std::filesystem::path> all = checkpoints_in(o.save);
+  for (std::size_t i = 0; i + static_cast<std::size_t>(o.keep) < all.size(); ++i)
+    std::filesystem::remove(all[i]);
 }
 
 /// The network called `name` among kiln::nn::models.
@@ -210,6 +259,14 @@ int run(const Options& o) {
   kiln::nn::manual_seed(o.seed);
   kiln::nn::Sequential net = make_model(o.model);
 
+  if (o.smoke && !o.resume.empty())
+    kiln::fail(kiln::errc::argument, "--resume: not with --smoke, whose 30 steps judge the loss");
+  if (!o.save.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.save, ec);
+    if (ec)
+      kiln::fail(kiln::errc::argument, "--save: cannot create '" + o.save + "': " + ec.message());
+  }
   kiln::Graph train_graph;
   const auto x = train_graph.input("x", {o.batch, 1, train.height, train.width});
   const auto y = train_graph.input("y", {o.batch}, kiln::i32);
@@ -217,9 +274,30 @@ int run(const Options& o) {
   const kiln::TrainStep training = kiln::train_step(
       loss, net.parameters(),
       kiln::optim::SGD{.lr = static_cast<float>(o.lr), .momentum = static_cast<float>(o.momentum)});
+  const std::vector<kiln::nn::Parameter> state = kiln::training_state(net, training);
+  const int epochs = o.smoke ? 1 : o.epochs;
+  kiln::CheckpointInfo start{.seed = o.seed};
+  if (!o.resume.empty()) {
+    const std::vector<std::filesystem::path> found = checkpoints_in(o.resume);
+    if (found.empty())
+      kiln::fail(kiln::errc::argument,
+                 "--resume: no checkpoint (step-*.safetensors) in '" + o.resume + "'");
+    start = kiln::load_checkpoint(found.back(), state);
+    if (start.epoch >= epochs)
+      kiln::fail(kiln::errc::argument, "--resume: " + found.back().string() + " ends epoch " +
+                                           std::to_string(start.epoch) + ", and --epochs is " +
+                                           std::to_string(epochs));
+    std::printf("resumed from %s: step %lld, epoch %lld, batch %lld, seed %llu\n",
+                found.back().c_str(), static_cast<long long>(start.step),
+                static_cast<long long>(start.epoch + 1), static_cast<long long>(start.batch),
+                static_cast<unsigned long long>(start.seed));
+  }
   const kiln::Backend& backend = kiln::backend_named(o.device);
-  kiln::Executor step = kiln::compile(
-      train_graph, backend, {.threads = o.threads, .profile = o.profile, .disable = o.disable});
+  kiln::Executor step = kiln::compile(train_graph, backend,
+                                      {.threads = o.threads,
+                                       .profile = o.profile,
+                                       .disable = o.disable,
+                                       .check_finite = !o.allow_non_finite});
   // Measured before training, so the measurement neither slows nor is slowed by the steps.
   const kiln::MachinePeak peak = o.profile ? kiln::machine_peak(step.plan()) : kiln::MachinePeak{};
 
@@ -242,25 +320,26 @@ int run(const Options& o) {
   if (!o.dot.empty()) write_dot(step, o.dot);
   std::fflush(stdout);
 
-  kiln::data::BatchLoader loader(
-      train,
-      {.batch_size = o.batch, .seed = o.seed, .drop_last = true, .normalization = normalization});
+  kiln::data::BatchLoader loader(train, {.batch_size = o.batch,
+                                         .seed = start.seed,
+                                         .drop_last = true,
+                                         .normalization = normalization});
   std::vector<float> images(static_cast<std::size_t>(loader.batch_image_elements()));
   std::vector<std::int32_t> labels(static_cast<std::size_t>(o.batch));
-  const int epochs = o.smoke ? 1 : o.epochs;
 
   std::vector<Epoch> history;
   std::vector<float> losses;
-  for (int epoch = 0; epoch < epochs; ++epoch) {
+  for (int epoch = static_cast<int>(start.epoch); epoch < epochs; ++epoch) {
     loader.start_epoch(epoch);
+    const std::int64_t first = epoch == start.epoch ? start.batch : 0;
     training.set_learning_rate(
         static_cast<float>(o.lr * std::pow(o.lr_decay, static_cast<double>(epoch))));
     // A GPU holds its own copy of every parameter: the new rate reaches it by upload (the host
     // copies are current, downloaded for the last evaluation; both calls do nothing on the CPU).
     step.upload_params();
-    kiln::tools::Progress progress(stdout, steps_per_epoch, o.batch);
+    kiln::tools::Progress progress(stdout, steps_per_epoch - first, o.batch);
     double loss_sum = 0.0, seconds = 0.0;
-    for (std::int64_t b = 0; b < steps_per_epoch; ++b) {
+    for (std::int64_t b = first; b < steps_per_epoch; ++b) {
       loader.fill(b, images, labels);
       const auto t0 = std::chrono::steady_clock::now();
       step.set_input("x", images);
@@ -272,28 +351,39 @@ int run(const Options& o) {
       loss_sum += l;
       losses.push_back(l);
       char detail[32];
-      std::snprintf(detail, sizeof detail, "loss %.4f", loss_sum / static_cast<double>(b + 1));
-      progress.update(b + 1, detail);
+      std::snprintf(detail, sizeof detail, "loss %.4f",
+                    loss_sum / static_cast<double>(b + 1 - first));
+      progress.update(b + 1 - first, detail);
+      const std::int64_t done = epoch * steps_per_epoch + b + 1;
+      if (!o.save.empty() && o.save_every > 0 && done % o.save_every == 0 &&
+          b + 1 < steps_per_epoch)
+        save_checkpoint(o, step, state,
+                        {.step = done, .epoch = epoch, .batch = b + 1, .seed = start.seed});
     }
     progress.finish();
     step.download_params();
     eval.upload_params();
+    if (!o.save.empty())
+      save_checkpoint(
+          o, step, state,
+          {.step = (epoch + 1) * steps_per_epoch, .epoch = epoch + 1, .seed = start.seed});
+    const std::int64_t steps_run = steps_per_epoch - first;
     Epoch e{.number = epoch + 1,
             .learning_rate = training.learning_rate(),
-            .loss = loss_sum / static_cast<double>(steps_per_epoch),
+            .loss = loss_sum / static_cast<double>(steps_run),
             .test_accuracy_percent = evaluate(eval, logits, test, eval_batch, normalization),
             .seconds = seconds,
-            .images_per_s = static_cast<double>(steps_per_epoch * o.batch) / seconds};
+            .images_per_s = static_cast<double>(steps_run * o.batch) / seconds};
     std::printf(
         "epoch %d/%d  lr %.4g  loss %.4f  test accuracy %.2f%%  %.0f images/s  %.2f ms/step\n",
         e.number, epochs, e.learning_rate, e.loss, e.test_accuracy_percent, e.images_per_s,
-        1000.0 * seconds / static_cast<double>(steps_per_epoch));
+        1000.0 * seconds / static_cast<double>(steps_run));
     std::fflush(stdout); // visible per epoch also when piped to a log
     history.push_back(e);
   }
   double total_seconds = 0.0;
   for (const Epoch& e : history) total_seconds += e.seconds;
-  const std::int64_t total_steps = steps_per_epoch * epochs;
+  const std::int64_t total_steps = steps_per_epoch * epochs - start.step; // run by this process
 
   if (o.profile) kiln::print_profile(stdout, step, peak);
   if (json.wanted()) {

@@ -5,6 +5,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "kiln/backends/cpu/backend.hpp"
@@ -20,7 +21,8 @@ namespace kiln {
 
 /// Options of kiln::compile.
 struct CompileOptions {
-  /// Worker threads; 0 = every core.
+  /// Worker threads; 0 = every core. At most max_threads(): more than the machine runs at once
+  /// only wait for each other.
   int threads = 0;
   /// Record the time of every step (read with Executor::step_times, or profile_steps and
   /// print_profile in runtime/profiler.hpp).
@@ -33,7 +35,16 @@ struct CompileOptions {
   /// Let the device record the step once and replay it (a CUDA graph: one launch per step).
   /// Off, every run launches each kernel, as profilers and debuggers want.
   bool replay = true;
+  /// After every run, fail (kiln.runtime.not_finite) when a one-element output, such as the
+  /// loss, is NaN or infinite, naming the run: training stops at the first bad step instead of
+  /// carrying NaN into every weight.
+  bool check_finite = false;
 };
+
+/// The most worker threads a compilation takes: four per hardware thread.
+inline int max_threads() {
+  return 4 * std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
 
 /// Every name CompileOptions::disable accepts: the passes of default_pipeline in order, then
 /// the lowering switches.
@@ -49,6 +60,10 @@ inline std::vector<std::string> optimisation_names() {
 /// read from the executor with the Values of `graph`.
 inline Executor compile(const Graph& graph, const Backend& backend,
                         const CompileOptions& options = {}) {
+  if (options.threads < 0 || options.threads > max_threads())
+    fail(errc::argument, "compile: threads is " + std::to_string(options.threads) +
+                             "; it must be 0 (every core) to " + std::to_string(max_threads()) +
+                             " (four per hardware thread)");
   verify(graph);
   PassContext ctx;
   LowerOptions lowering{.threads = options.threads};
@@ -76,6 +91,8 @@ inline Executor compile(const Graph& graph, const Backend& backend,
   ctx.report.optimised = optimised;
   Plan plan = lower(*optimised, backend, lowering);
   plan.replay = options.replay;
+  plan.check_finite = options.check_finite;
+  plan.origin = &graph;
   plan.output_origins = graph.outputs();
   plan.unoptimised_bytes = unshared_bytes(graph);
   Executor exe(std::move(plan), backend, std::move(ctx.report));

@@ -13,6 +13,7 @@
 #include "kiln/nn/nn.hpp"
 #include "kiln/ops/ops.hpp"
 #include "kiln/ops/verifier.hpp"
+#include "kiln/train/checkpoint.hpp"
 #include "kiln/train/metrics.hpp"
 #include "kiln/train/optimizers.hpp"
 #include "kiln/train/train_step.hpp"

@@ -207,7 +207,7 @@ TEST_CASE("cuda: dropout masks are the CPU's, and change every run, replayed or 
 }
 
 TEST_CASE(
-    "cuda: memory the device does not have is kiln.cuda.memory, naming bytes asked and free") {
+    "cuda: memory the device does not have is kiln.memory.cuda, naming bytes asked and free") {
   const kiln::Backend* cuda = gpu();
   if (!cuda) return;
   const std::unique_ptr<kiln::Device> device = cuda->open(1);
@@ -216,7 +216,7 @@ TEST_CASE(
     (void)device->allocate(petabyte);
     FAIL("a petabyte was allocated");
   } catch (const kiln::Error& e) {
-    CHECK(e.code() == "kiln.cuda.memory");
+    CHECK(e.code() == "kiln.memory.cuda");
     CHECK(e.message().find(std::to_string(petabyte) + " bytes") != std::string::npos);
     CHECK(e.message().find("bytes are free") != std::string::npos);
     CHECK(e.message().find("device 0") != std::string::npos);
@@ -251,7 +251,7 @@ TEST_CASE("cuda: the device's peak and bandwidth are measured, and profiles time
 TEST_CASE("cuda: a CUDA error maps to the kiln.cuda code a program can act on") {
   CHECK(kiln::cuda::error_code(cudaErrorNoDevice) == "kiln.cuda.no_device");
   CHECK(kiln::cuda::error_code(cudaErrorInsufficientDriver) == "kiln.cuda.driver");
-  CHECK(kiln::cuda::error_code(cudaErrorMemoryAllocation) == "kiln.cuda.memory");
+  CHECK(kiln::cuda::error_code(cudaErrorMemoryAllocation) == "kiln.memory.cuda");
   CHECK(kiln::cuda::error_code(cudaErrorIllegalAddress) == "kiln.cuda.launch");
   CHECK(kiln::cuda::error_code(cudaErrorInvalidValue) == "kiln.cuda.call");
   try {

@@ -1,5 +1,6 @@
 // Tests for the data module: IDX reader hardening, load_mnist, and BatchLoader.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -552,4 +553,55 @@ TEST_CASE("load_mnist: MNIST built by scripts/fetch_mnist.sh") {
                              std::to_string(ds.count) + " images";
     MESSAGE(note);
   }
+}
+
+TEST_CASE("read_idx: a FIFO named like an IDX file is refused at once, never waited on") {
+  TempDir dir;
+  const auto path = dir / "train-images-idx3-ubyte";
+  REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  check_idx_error(path, kiln::errc::io, "is not a regular file");
+}
+
+TEST_CASE("read_idx: a gzip stream must end with its trailer, and nothing may follow it") {
+  TempDir dir;
+  const auto full = dir / "ok.gz";
+  write_gz(full, idx_bytes({100, 100}, iota_bytes(10000)));
+  const Bytes compressed = read_all(full);
+  REQUIRE(compressed.size() > 8);
+  SUBCASE("the 8-byte trailer (CRC and length) cut off") {
+    Bytes cut(compressed.begin(), compressed.end() - 8);
+    write_plain(dir / "cut.gz", cut);
+    check_idx_error(dir / "cut.gz", kiln::errc::truncated, "cut off before its trailer");
+  }
+  SUBCASE("a flipped bit in the CRC") {
+    Bytes flipped = compressed;
+    flipped[flipped.size() - 8] ^= 0x01;
+    write_plain(dir / "crc.gz", flipped);
+    check_idx_error(dir / "crc.gz", kiln::errc::format, "corrupt gzip data");
+  }
+  SUBCASE("junk after the stream") {
+    Bytes junk = compressed;
+    for (const char c : std::string("junk")) junk.push_back(static_cast<std::uint8_t>(c));
+    write_plain(dir / "junk.gz", junk);
+    check_idx_error(dir / "junk.gz", kiln::errc::format, "data after the end of the gzip stream");
+  }
+  SUBCASE("a second gzip member after the first") {
+    Bytes twice = compressed;
+    twice.insert(twice.end(), compressed.begin(), compressed.end());
+    write_plain(dir / "twice.gz", twice);
+    check_idx_error(dir / "twice.gz", kiln::errc::format, "data after the end of the gzip stream");
+  }
+  SUBCASE("the whole stream is read") {
+    const kiln::data::IdxArray a = kiln::data::read_idx(full);
+    CHECK(a.data == iota_bytes(10000));
+  }
+}
+
+TEST_CASE("read_idx: the caller caps the decompressed payload before it is read") {
+  TempDir dir;
+  const auto path = dir / "big.gz";
+  write_gz(path, idx_bytes({100, 100}, Bytes(10000, 0)));
+  check_error([&] { (void)kiln::data::read_idx(path, 4096); }, kiln::errc::format,
+              "payload exceeds the 4096-byte limit");
+  CHECK(kiln::data::read_idx(path, 10000).data.size() == 10000);
 }

@@ -3,7 +3,9 @@
 // dtype.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -129,4 +131,22 @@ TEST_CASE("broadcast loop: rows of a channels-last tensor with a per-channel ope
   kiln::cpu::BroadcastLoop rows({3, 50, 8}, per_row);
   CHECK(rows.widen(1024, 0, 4, periodic) == 1);
   CHECK(periodic == 0u);
+}
+
+TEST_CASE("cpu backend: relu keeps a NaN at every vector position, on every target") {
+  kiln::test::for_each_target([&](const kiln::cpu::KernelTable& t) {
+    INFO("target " << std::string(t.target_name));
+    for (const std::int64_t n : {1, 7, 16, 33, 70}) {
+      for (std::int64_t at = 0; at < n; ++at) {
+        std::vector<float> x(static_cast<std::size_t>(n), -1.0f);
+        x[static_cast<std::size_t>(at)] = std::numeric_limits<float>::quiet_NaN();
+        const std::vector<float> y =
+            kiln::test::run_kernel(t, Op::Relu, {kiln::test::view(x, Shape{n})}, Shape{n});
+        INFO("n " << n << ", NaN at " << at);
+        CHECK(std::isnan(y[static_cast<std::size_t>(at)]));
+        for (std::int64_t i = 0; i < n; ++i)
+          if (i != at) CHECK(y[static_cast<std::size_t>(i)] == 0.0f);
+      }
+    }
+  });
 }

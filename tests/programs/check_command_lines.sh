@@ -86,9 +86,14 @@ for program in "$@"; do
     expect_rejected "$program" --bogus --bogus
     "$program" --data "$data" --smoke --threads 2 --json "$work/smoke.json" >/dev/null &&
       expect_json "mnist_train --smoke" "$work/smoke.json" || fail "mnist_train --smoke failed"
-    # A learning rate this large drives the loss to NaN; the run still writes valid JSON.
+    # A learning rate this large drives the loss to NaN: the run stops at that step, naming it...
     "$program" --data "$data" --model lenet5 --epochs 1 --batch 500 --lr 3e38 --threads 2 \
-      --json "$work/nan.json" >/dev/null
+      >/dev/null 2>"$work/err" && fail "mnist_train --lr 3e38 trained on past a NaN loss"
+    grep -qE 'kiln.runtime.not_finite\] run [0-9]+: output %[0-9]+ is -?(nan|inf)' "$work/err" ||
+      fail "mnist_train --lr 3e38 did not name the step whose loss was NaN: $(cat "$work/err")"
+    # ...or, allowed to go on, still writes valid JSON.
+    "$program" --data "$data" --model lenet5 --epochs 1 --batch 500 --lr 3e38 --threads 2 \
+      --allow-non-finite --json "$work/nan.json" >/dev/null
     expect_json "mnist_train --lr 3e38" "$work/nan.json"
     grep -q '"final_loss": null' "$work/nan.json" || fail "the NaN loss is not written as null"
     ;;

@@ -184,11 +184,11 @@ TEST_CASE("backend contract: an executor returns every allocation to its device"
   CHECK(traffic.frees == traffic.allocations);
 }
 
-TEST_CASE("backend contract: memory a device cannot give is kiln.runtime.memory, naming the size") {
+TEST_CASE("backend contract: memory a device cannot give is kiln.memory.host, naming the size") {
   const std::unique_ptr<kiln::Device> device = kiln::cpu_backend().open(1);
   const std::size_t too_much = std::size_t{1} << 60;
   const std::string message = kiln::test::error_message([&] { (void)device->allocate(too_much); });
-  CHECK(message.rfind("[kiln.runtime.memory] cpu: cannot allocate", 0) == 0);
+  CHECK(message.rfind("[kiln.memory.host] cpu: cannot allocate", 0) == 0);
   CHECK(message.find(std::to_string(too_much)) != std::string::npos);
   std::byte* none = device->allocate(0);
   CHECK(none != nullptr);

@@ -10,6 +10,23 @@
 
 namespace kiln {
 
+/// For every v in `wrt`, whether `out` is computed from it (through any path of inputs).
+inline std::vector<bool> reaches(Value out, std::span<const Value> wrt) {
+  Graph& g = *out.graph;
+  g.check_owned(out, "reaches");
+  std::vector<bool> needed(static_cast<std::size_t>(out.id + 1), false);
+  needed.back() = true;
+  for (ValueId id = out.id; id >= 0; --id)
+    if (needed[static_cast<std::size_t>(id)])
+      for (ValueId in : g.node(id).inputs) needed[static_cast<std::size_t>(in)] = true;
+  std::vector<bool> result;
+  for (const Value& v : wrt) {
+    g.check_owned(v, "reaches");
+    result.push_back(v.id <= out.id && needed[static_cast<std::size_t>(v.id)]);
+  }
+  return result;
+}
+
 /// Appends to `loss`'s graph the nodes computing d loss / d v for every v in `wrt`, and
 /// returns those gradient values in the same order. `loss` must hold one element. Only the
 /// nodes on a path from `wrt` to `loss` are differentiated, so e.g. the input gradient of a

@@ -42,12 +42,17 @@ inline constexpr std::string_view truncated = "kiln.data.truncated";  ///< file 
 inline constexpr std::string_view format = "kiln.data.format";        ///< bad header field
 inline constexpr std::string_view missing_data = "kiln.data.missing"; ///< no data directory
 inline constexpr std::string_view no_kernel = "kiln.plan.no_kernel";  ///< backend cannot run a node
-inline constexpr std::string_view memory = "kiln.runtime.memory";     ///< device memory exhausted
+inline constexpr std::string_view memory = "kiln.memory.host";        ///< host memory exhausted
+inline constexpr std::string_view not_finite = "kiln.runtime.not_finite"; ///< a loss went NaN/inf
+inline constexpr std::string_view checkpoint_io = "kiln.checkpoint.io";   ///< cannot write/read it
+inline constexpr std::string_view checkpoint_format = "kiln.checkpoint.format";     ///< not valid
+inline constexpr std::string_view checkpoint_mismatch = "kiln.checkpoint.mismatch"; ///< other net
+inline constexpr std::string_view checkpoint_corrupt = "kiln.checkpoint.corrupt";   ///< CRC differs
 inline constexpr std::string_view cuda_unavailable =
     "kiln.cuda.unavailable";                                              ///< built without CUDA
 inline constexpr std::string_view cuda_no_device = "kiln.cuda.no_device"; ///< no GPU visible
 inline constexpr std::string_view cuda_driver = "kiln.cuda.driver"; ///< driver older than runtime
-inline constexpr std::string_view cuda_memory = "kiln.cuda.memory"; ///< device memory exhausted
+inline constexpr std::string_view cuda_memory = "kiln.memory.cuda"; ///< GPU memory exhausted
 inline constexpr std::string_view cuda_launch = "kiln.cuda.launch"; ///< a kernel failed
 inline constexpr std::string_view cuda_call = "kiln.cuda.call";     ///< another CUDA call failed
 } // namespace errc

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -60,5 +61,24 @@ private:
   std::array<std::int64_t, max_rank> dims_{};
   int rank_ = 0;
 };
+
+/// Fails with kiln.verify.shape unless every dimension of `shape` is at least 1 and its elements
+/// of `element_bytes` bytes each can be addressed (2^62 bytes at most): what every entry point
+/// of a shape (graph inputs, tensors, every built node) checks, so that no size computed later
+/// can overflow. `what` names the value in the message, e.g. "input 'x'".
+inline void check_shape(const Shape& shape, std::size_t element_bytes, const std::string& what) {
+  constexpr std::int64_t most_bytes = std::int64_t{1} << 62;
+  std::int64_t elements = 1;
+  for (int i = 0; i < shape.rank(); ++i) {
+    const std::int64_t d = shape[i];
+    if (d < 1)
+      fail(errc::shape, what + " has shape " + shape.str() + ": dimension " + std::to_string(i) +
+                            " is " + std::to_string(d) + ", and every dimension must be >= 1");
+    if (__builtin_mul_overflow(elements, d, &elements) ||
+        elements > most_bytes / static_cast<std::int64_t>(element_bytes))
+      fail(errc::shape, what + " has shape " + shape.str() + ": more than 2^62 bytes of " +
+                            std::to_string(element_bytes) + "-byte elements");
+  }
+}
 
 } // namespace kiln

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <new>
 #include <span>
+#include <string>
 
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/shape.hpp"
@@ -18,11 +18,14 @@ namespace detail {
 struct AlignedFree {
   void operator()(std::byte* p) const noexcept { std::free(p); }
 };
-/// 64-byte aligned, zero-initialised storage of at least `bytes` bytes.
+/// 64-byte aligned, zero-initialised storage of at least `bytes` bytes; kiln.memory.host
+/// naming the bytes when the allocator has none.
 inline std::unique_ptr<std::byte[], AlignedFree> aligned_zeroed(std::size_t bytes) {
   const std::size_t rounded = (bytes + 63) / 64 * 64 + 64;
   auto* p = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
-  if (!p) throw std::bad_alloc();
+  if (!p)
+    fail(errc::memory,
+         "cannot allocate a tensor of " + std::to_string(bytes) + " bytes of host memory");
   std::memset(p, 0, rounded);
   return std::unique_ptr<std::byte[], AlignedFree>(p);
 }
@@ -33,8 +36,9 @@ inline std::unique_ptr<std::byte[], AlignedFree> aligned_zeroed(std::size_t byte
 class Tensor {
 public:
   /// A zero-filled tensor.
+  /// A zero-filled tensor; kiln.verify.shape for a dimension < 1 or a size past 2^62 bytes.
   explicit Tensor(Shape shape, DType dtype = DType::f32)
-      : shape_(shape), dtype_(dtype),
+      : shape_(checked(shape, dtype)), dtype_(dtype),
         storage_(
             detail::aligned_zeroed(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype))) {}
 
@@ -53,6 +57,11 @@ public:
   }
 
 private:
+  static Shape checked(const Shape& shape, DType dtype) {
+    check_shape(shape, dtype_size(dtype), "a tensor");
+    return shape;
+  }
+
   Shape shape_;
   DType dtype_;
   std::unique_ptr<std::byte[], detail::AlignedFree> storage_;

@@ -63,8 +63,10 @@ inline std::filesystem::path find_idx(const std::filesystem::path& dir, const st
 /// Pixels are scaled from bytes to [0, 1]. Throws kiln::Error: errc::missing_data when the
 /// directory or a file is absent (the message says how to fetch the data), errc::format when
 /// the images are not rank 3, the labels not rank 1, or their counts differ, errc::label for a
-/// label >= num_classes, and whatever `read_idx` throws for a damaged file.
-inline Dataset load_mnist(const std::filesystem::path& dir, Split split) {
+/// label >= num_classes, and whatever `read_idx` throws for a damaged file (each file's
+/// decompressed payload at most `max_payload` bytes).
+inline Dataset load_mnist(const std::filesystem::path& dir, Split split,
+                          std::uint64_t max_payload = idx_max_payload) {
   const std::string prefix = split == Split::train ? "train" : "t10k";
   const std::string images_base = prefix + "-images-idx3-ubyte";
   const std::string labels_base = prefix + "-labels-idx1-ubyte";
@@ -76,23 +78,23 @@ inline Dataset load_mnist(const std::filesystem::path& dir, Split split) {
   const auto labels_path = detail::find_idx(dir, labels_base);
   if (labels_path.empty()) detail::fail_missing(dir, "no " + labels_base + "[.gz]");
 
-  const IdxArray images = read_idx(images_path);
-  if (images.dims.rank() != 3)
-    fail(errc::format, images_path.string() + ": images have shape " + images.dims.str() +
+  IdxReader images(images_path, max_payload);
+  if (images.dims().rank() != 3)
+    fail(errc::format, images_path.string() + ": images have shape " + images.dims().str() +
                            ", expected rank 3 [count,height,width]");
-  const IdxArray labels = read_idx(labels_path);
+  const IdxArray labels = read_idx(labels_path, max_payload);
   if (labels.dims.rank() != 1)
     fail(errc::format, labels_path.string() + ": labels have shape " + labels.dims.str() +
                            ", expected rank 1 [count]");
-  if (images.dims[0] != labels.dims[0])
-    fail(errc::format, images_path.string() + " holds " + std::to_string(images.dims[0]) +
+  if (images.dims()[0] != labels.dims[0])
+    fail(errc::format, images_path.string() + " holds " + std::to_string(images.dims()[0]) +
                            " images but " + labels_path.string() + " holds " +
                            std::to_string(labels.dims[0]) + " labels");
 
   Dataset ds;
-  ds.count = images.dims[0];
-  ds.height = images.dims[1];
-  ds.width = images.dims[2];
+  ds.count = images.dims()[0];
+  ds.height = images.dims()[1];
+  ds.width = images.dims()[2];
   ds.labels.resize(labels.data.size());
   for (std::size_t i = 0; i < labels.data.size(); ++i) {
     const int label = labels.data[i];
@@ -102,9 +104,14 @@ inline Dataset load_mnist(const std::filesystem::path& dir, Split split) {
                             std::to_string(ds.num_classes - 1));
     ds.labels[i] = label;
   }
-  ds.images.resize(images.data.size());
-  for (std::size_t i = 0; i < images.data.size(); ++i)
-    ds.images[i] = static_cast<float>(images.data[i]) / 255.0f;
+  // The pixels become floats piece by piece as they are read: the bytes are never all held
+  // beside the floats (a 2 GiB payload would otherwise peak at 10 GiB).
+  detail::reserve_or_fail(ds.images, images.payload_bytes(), images_path);
+  images.read_payload([&](const std::uint8_t* bytes, std::size_t n) {
+    const std::size_t at = ds.images.size();
+    ds.images.resize(at + n);
+    for (std::size_t i = 0; i < n; ++i) ds.images[at + i] = static_cast<float>(bytes[i]) / 255.0f;
+  });
   return ds;
 }
 

@@ -1,6 +1,9 @@
 // IDX file reader (the MNIST container format), plain or gzip, hardened against bad files.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -32,31 +35,46 @@ inline constexpr std::uint64_t idx_max_payload = std::uint64_t{1} << 31;
 
 namespace detail {
 
-/// A byte source over either a plain file (stdio) or a gzip stream (zlib).
+/// A byte source over either a plain file or a single gzip member (inflated with zlib here, so
+/// that a stream cut before its trailer, or followed by anything, is an error). Only regular
+/// files are opened: a FIFO or a device would block or never end.
 class IdxSource {
 public:
   explicit IdxSource(const std::filesystem::path& path) : path_(path) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec)) fail(errc::io, name() + ": is a directory");
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) fail(errc::io, name() + ": cannot open: " + std::strerror(errno));
+    // Opened without blocking and checked on the descriptor itself, so that neither a FIFO
+    // nor a file swapped in after a check can make the open wait forever.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) fail(errc::io, name() + ": cannot open: " + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      const bool directory = S_ISDIR(st.st_mode);
+      ::close(fd);
+      fail(errc::io, name() + (directory ? ": is a directory"
+                                         : ": is not a regular file (a FIFO, socket or device)"));
+    }
+    std::FILE* f = ::fdopen(fd, "rb");
+    if (!f) {
+      ::close(fd);
+      fail(errc::io, name() + ": cannot open: " + std::strerror(errno));
+    }
     file_.reset(f);
     unsigned char head[2] = {0, 0};
     const std::size_t got = std::fread(head, 1, 2, f);
     if (std::ferror(f)) fail(errc::io, name() + ": read error: " + std::strerror(errno));
+    std::rewind(f);
     gzip_ = got == 2 && head[0] == 0x1f && head[1] == 0x8b;
     if (gzip_) {
-      file_.reset();
-      gzFile gz = gzopen(path.c_str(), "rb");
-      if (!gz) fail(errc::io, name() + ": cannot open gzip stream");
-      gz_.reset(gz);
-      gzbuffer(gz, 1u << 17);
-    } else {
-      std::rewind(f);
+      stream_ = std::make_unique<z_stream>();
+      if (inflateInit2(stream_.get(), 16 + MAX_WBITS) != Z_OK)
+        fail(errc::io, name() + ": cannot start a gzip stream");
+      input_.resize(std::size_t{1} << 17);
     }
-    const auto size = std::filesystem::file_size(path, ec);
-    if (ec) fail(errc::io, name() + ": cannot stat: " + ec.message());
-    file_size_ = static_cast<std::uint64_t>(size);
+    file_size_ = static_cast<std::uint64_t>(st.st_size);
+  }
+  IdxSource(const IdxSource&) = delete;
+  IdxSource& operator=(const IdxSource&) = delete;
+  ~IdxSource() {
+    if (stream_) inflateEnd(stream_.get());
   }
 
   [[nodiscard]] bool gzip() const { return gzip_; }
@@ -67,58 +85,68 @@ public:
   /// Reads up to `n` bytes; returns how many arrived (fewer only at end of data).
   std::size_t read(void* dst, std::size_t n) {
     auto* out = static_cast<unsigned char*>(dst);
+    if (gzip_) return inflate_into(out, n);
     std::size_t total = 0;
     while (total < n) {
-      std::size_t got = 0;
-      if (gzip_) {
-        // gzread takes an unsigned count, so large requests go in bounded slices.
-        const auto want = static_cast<unsigned>(std::min<std::size_t>(n - total, 1u << 30));
-        int r = gzread(gz_.get(), out + total, want);
-        if (r < 0) {
-          gz_error();
-          r = 0;
-        }
-        got = static_cast<std::size_t>(r);
-      } else {
-        got = std::fread(out + total, 1, n - total, file_.get());
-        if (got == 0 && std::ferror(file_.get()))
-          fail(errc::io, name() + ": read error: " + std::strerror(errno));
-      }
-      if (got == 0) {
-        // A truncated gzip stream reports Z_BUF_ERROR only via gzerror after a short read.
-        if (gzip_) gz_error();
-        break;
-      }
+      const std::size_t got = std::fread(out + total, 1, n - total, file_.get());
+      if (got == 0 && std::ferror(file_.get()))
+        fail(errc::io, name() + ": read error: " + std::strerror(errno));
+      if (got == 0) break;
       total += got;
     }
     return total;
   }
 
+  /// After the last byte was read: a gzip stream must have ended with its trailer (whose CRC
+  /// and length zlib has checked), with nothing after it.
+  void expect_end() {
+    if (!gzip_) return;
+    if (!ended_)
+      fail(errc::truncated, name() + ": the gzip stream is cut off before its trailer, so its "
+                                     "CRC cannot be checked");
+    const bool more = stream_->avail_in > 0 || std::fread(input_.data(), 1, 1, file_.get()) > 0;
+    if (more) fail(errc::format, name() + ": data after the end of the gzip stream");
+  }
+
 private:
-  void gz_error() {
-    int code = Z_OK;
-    const char* raw = gzerror(gz_.get(), &code);
-    if (code == Z_OK || code == Z_BUF_ERROR) return; // Z_BUF_ERROR: stream ended early
-    // zlib prefixes its message with the path, which our message already leads with.
-    std::string msg = raw ? raw : "unknown zlib error";
-    if (const std::string prefix = name() + ": "; msg.rfind(prefix, 0) == 0)
-      msg.erase(0, prefix.size());
-    if (code == Z_DATA_ERROR) fail(errc::format, name() + ": corrupt gzip data: " + msg);
-    fail(errc::io, name() + ": gzip read error: " + msg);
+  std::size_t inflate_into(unsigned char* out, std::size_t n) {
+    std::size_t total = 0;
+    while (total < n && !ended_) {
+      if (stream_->avail_in == 0) {
+        const std::size_t got = std::fread(input_.data(), 1, input_.size(), file_.get());
+        if (got == 0 && std::ferror(file_.get()))
+          fail(errc::io, name() + ": read error: " + std::strerror(errno));
+        if (got == 0) break; // the file ended before the stream did
+        stream_->next_in = input_.data();
+        stream_->avail_in = static_cast<uInt>(got);
+      }
+      const auto want = static_cast<uInt>(std::min<std::size_t>(n - total, 1u << 30));
+      stream_->next_out = out + total;
+      stream_->avail_out = want;
+      const int result = inflate(stream_.get(), Z_NO_FLUSH);
+      total += want - stream_->avail_out;
+      if (result == Z_STREAM_END)
+        ended_ = true;
+      else if (result == Z_DATA_ERROR || result == Z_NEED_DICT)
+        fail(errc::format, name() + ": corrupt gzip data: " +
+                               (stream_->msg ? stream_->msg : "invalid deflate stream"));
+      else if (result == Z_MEM_ERROR)
+        fail(errc::io, name() + ": zlib ran out of memory");
+    }
+    return total;
   }
 
   struct FileClose {
     void operator()(std::FILE* f) const { std::fclose(f); }
   };
-  struct GzClose {
-    void operator()(gzFile g) const { gzclose(g); }
-  };
 
   std::filesystem::path path_;
   std::unique_ptr<std::FILE, FileClose> file_;
-  std::unique_ptr<gzFile_s, GzClose> gz_;
+  std::unique_ptr<z_stream> stream_;
+  std::vector<unsigned char> input_;
   std::uint64_t file_size_ = 0;
   bool gzip_ = false;
+  bool ended_ = false;
 };
 
 inline std::uint32_t load_be32(const unsigned char* p) {
@@ -131,101 +159,143 @@ inline std::string hex_byte(unsigned v) {
   return std::string("0x") + digits[(v >> 4) & 0xf] + digits[v & 0xf];
 }
 
+/// Reserves room for `count` elements in `v` (untouched until written), or fails with
+/// kiln.memory.host naming the bytes and the file they were for.
+template <class T>
+void reserve_or_fail(std::vector<T>& v, std::uint64_t count, const std::filesystem::path& file) {
+  try {
+    v.reserve(static_cast<std::size_t>(count));
+  } catch (const std::bad_alloc&) {
+    fail(errc::memory, file.string() + ": cannot allocate " + std::to_string(count * sizeof(T)) +
+                           " bytes for its payload");
+  } catch (const std::length_error&) {
+    fail(errc::memory, file.string() + ": cannot allocate " + std::to_string(count * sizeof(T)) +
+                           " bytes for its payload");
+  }
+}
+
 } // namespace detail
 
-/// Reads an IDX file of unsigned bytes (type 0x08, rank 1..4), plain or gzip-compressed;
-/// gzip is recognised by its 1f 8b magic bytes, not by the file name.
+/// An IDX file of unsigned bytes (type 0x08, rank 1..4), plain or gzip-compressed, whose header
+/// is read and validated on construction and whose payload is then handed over in pieces, so a
+/// caller can convert it without holding all of it. gzip is recognised by its 1f 8b magic
+/// bytes, not by the file name. A payload larger than `max_payload` bytes (decompressed) is
+/// refused before it is read.
 ///
-/// Every header field is validated before the payload is read, and no buffer larger than the
-/// data actually present is allocated, so truncated or hostile files are rejected cleanly.
 /// Throws kiln::Error naming the file and the field:
-///   - errc::io        the file is missing, unreadable or a directory;
+///   - errc::io        the file is missing, unreadable, a directory or not a regular file;
 ///   - errc::magic     the first two bytes are not zero (not an IDX file);
 ///   - errc::format    element type other than u8, rank outside 1..4, a zero dimension, a
-///                     payload above `idx_max_payload`, bytes after the payload, corrupt gzip;
-///   - errc::truncated the header or the payload is shorter than the header claims.
-inline IdxArray read_idx(const std::filesystem::path& path) {
-  detail::IdxSource src(path);
-  const std::string name = src.name();
+///                     payload above `max_payload`, bytes after the payload or after the gzip
+///                     stream, corrupt gzip (a CRC or length that does not match included);
+///   - errc::truncated the header or the payload is shorter than the header claims, or the
+///                     gzip stream ends before its trailer.
+class IdxReader {
+public:
+  explicit IdxReader(const std::filesystem::path& path, std::uint64_t max_payload = idx_max_payload)
+      : src_(path), name_(src_.name()) {
+    unsigned char magic[4];
+    const std::size_t got_magic = src_.read(magic, 4);
+    if (got_magic >= 2 && (magic[0] != 0 || magic[1] != 0))
+      fail(errc::magic, name_ + ": not an IDX file (first bytes " + detail::hex_byte(magic[0]) +
+                            " " + detail::hex_byte(magic[1]) + ", expected 0x00 0x00)");
+    if (got_magic < 4)
+      fail(errc::truncated, name_ + ": " + (src_.gzip() ? "gzip stream" : "file") + " holds " +
+                                std::to_string(got_magic) +
+                                " bytes, shorter than the 4-byte IDX magic");
+    if (magic[2] != 0x08)
+      fail(errc::format, name_ + ": element type is " + detail::hex_byte(magic[2]) +
+                             ", only 0x08 (unsigned byte) is supported");
+    const int rank = magic[3];
+    if (rank < 1 || rank > 4)
+      fail(errc::format, name_ + ": rank is " + std::to_string(rank) + ", expected 1..4");
 
-  unsigned char magic[4];
-  const std::size_t got_magic = src.read(magic, 4);
-  if (got_magic >= 2 && (magic[0] != 0 || magic[1] != 0))
-    fail(errc::magic, name + ": not an IDX file (first bytes " + detail::hex_byte(magic[0]) + " " +
-                          detail::hex_byte(magic[1]) + ", expected 0x00 0x00)");
-  if (got_magic < 4)
-    fail(errc::truncated, name + ": " + (src.gzip() ? "gzip stream" : "file") + " holds " +
-                              std::to_string(got_magic) +
-                              " bytes, shorter than the 4-byte IDX magic");
-  if (magic[2] != 0x08)
-    fail(errc::format, name + ": element type is " + detail::hex_byte(magic[2]) +
-                           ", only 0x08 (unsigned byte) is supported");
-  const int rank = magic[3];
-  if (rank < 1 || rank > 4)
-    fail(errc::format, name + ": rank is " + std::to_string(rank) + ", expected 1..4");
-
-  unsigned char raw_dims[16];
-  const std::size_t dims_bytes = 4 * static_cast<std::size_t>(rank);
-  const std::size_t got_dims = src.read(raw_dims, dims_bytes);
-  if (got_dims < dims_bytes)
-    fail(errc::truncated, name + ": header of rank " + std::to_string(rank) + " needs " +
-                              std::to_string(4 + dims_bytes) + " bytes, " +
-                              (src.gzip() ? "gzip stream" : "file") + " holds " +
-                              std::to_string(4 + got_dims) + " bytes");
-
-  const std::string holds =
-      src.gzip() ? "gzip file holds " + std::to_string(src.file_size()) + " compressed bytes"
-                 : "file holds " + std::to_string(src.file_size()) + " bytes";
-  IdxArray out;
-  std::uint64_t payload = 1;
-  for (int i = 0; i < rank; ++i) {
-    const std::uint32_t d = detail::load_be32(raw_dims + 4 * i);
-    if (d == 0) fail(errc::format, name + ": dimension " + std::to_string(i) + " is 0");
-    // payload <= 2^31 and d < 2^32 before the multiply, so the product cannot overflow.
-    payload *= d;
-    if (payload > idx_max_payload)
-      fail(errc::format, name + ": dimension " + std::to_string(i) + " is " + std::to_string(d) +
-                             ", payload exceeds the " + std::to_string(idx_max_payload) +
-                             "-byte limit; " + holds);
-    out.dims.push_back(d);
+    unsigned char raw_dims[16];
+    const std::size_t dims_bytes = 4 * static_cast<std::size_t>(rank);
+    const std::size_t got_dims = src_.read(raw_dims, dims_bytes);
+    if (got_dims < dims_bytes)
+      fail(errc::truncated, name_ + ": header of rank " + std::to_string(rank) + " needs " +
+                                std::to_string(4 + dims_bytes) + " bytes, " +
+                                (src_.gzip() ? "gzip stream" : "file") + " holds " +
+                                std::to_string(4 + got_dims) + " bytes");
+    for (int i = 0; i < rank; ++i) {
+      const std::uint32_t d = detail::load_be32(raw_dims + 4 * i);
+      if (d == 0) fail(errc::format, name_ + ": dimension " + std::to_string(i) + " is 0");
+      // payload <= max_payload and d < 2^32 before the multiply; a cap above 2^32 could
+      // overflow, so the product is checked by division.
+      if (payload_ > max_payload / d)
+        fail(errc::format, name_ + ": dimension " + std::to_string(i) + " is " + std::to_string(d) +
+                               ", payload exceeds the " + std::to_string(max_payload) +
+                               "-byte limit; " + holds());
+      payload_ *= d;
+      dims_.push_back(d);
+    }
+    if (!src_.gzip()) {
+      const std::uint64_t expected = 4 + dims_bytes + payload_;
+      if (src_.file_size() < expected)
+        fail(errc::truncated, name_ + ": header " + dims_.str() + " needs " +
+                                  std::to_string(expected) + " bytes, " + holds());
+      if (src_.file_size() > expected)
+        fail(errc::format, name_ + ": header " + dims_.str() + " needs " +
+                               std::to_string(expected) + " bytes, " + holds() +
+                               " (trailing data)");
+    }
   }
 
-  const std::uint64_t header_bytes = 4 + dims_bytes;
-  if (!src.gzip()) {
-    const std::uint64_t expected = header_bytes + payload;
-    if (src.file_size() < expected)
-      fail(errc::truncated, name + ": header " + out.dims.str() + " needs " +
-                                std::to_string(expected) + " bytes, " + holds);
-    if (src.file_size() > expected)
-      fail(errc::format, name + ": header " + out.dims.str() + " needs " +
-                             std::to_string(expected) + " bytes, " + holds + " (trailing data)");
-    out.data.resize(payload);
-    if (src.read(out.data.data(), payload) != payload)
-      fail(errc::truncated, name + ": file shrank while being read");
-    return out;
+  /// The dimensions, outermost first.
+  [[nodiscard]] const Shape& dims() const { return dims_; }
+  /// Payload bytes the header announces (the product of the dimensions).
+  [[nodiscard]] std::uint64_t payload_bytes() const { return payload_; }
+  [[nodiscard]] const std::string& name() const { return name_; }
+
+  /// Calls take(bytes, count) for consecutive pieces of the payload (at most 1 MiB each) until
+  /// all of it arrived, then checks that nothing follows it and that a gzip stream ended with
+  /// a valid trailer. Memory grows only with the data that actually arrives.
+  template <class Take> void read_payload(Take&& take) {
+    constexpr std::size_t chunk = std::size_t{1} << 20;
+    std::vector<unsigned char> piece(
+        static_cast<std::size_t>(std::min<std::uint64_t>(chunk, payload_)));
+    std::uint64_t have = 0;
+    while (have < payload_) {
+      const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, payload_ - have));
+      const std::size_t got = src_.read(piece.data(), want);
+      if (got < want)
+        fail(errc::truncated, name_ + ": header " + dims_.str() + " needs " +
+                                  std::to_string(payload_) + " payload bytes, " +
+                                  (src_.gzip() ? "gzip stream holds " : "file shrank to ") +
+                                  std::to_string(have + got) + " bytes");
+      take(static_cast<const std::uint8_t*>(piece.data()), got);
+      have += got;
+    }
+    unsigned char extra;
+    if (src_.read(&extra, 1) != 0)
+      fail(errc::format, name_ + ": trailing data after the " + std::to_string(payload_) +
+                             "-byte payload of " + dims_.str());
+    src_.expect_end();
   }
 
-  // The decompressed size is unknown until read, so the buffer grows with the data that
-  // actually arrives instead of trusting the header's claim up front.
-  constexpr std::size_t chunk = std::size_t{1} << 20;
-  std::size_t have = 0;
-  while (have < payload) {
-    const std::size_t want = std::min<std::size_t>(chunk, payload - have);
-    if (out.data.capacity() < have + want)
-      out.data.reserve(
-          std::min<std::size_t>(payload, std::max(2 * out.data.capacity(), have + want)));
-    out.data.resize(have + want);
-    const std::size_t got = src.read(out.data.data() + have, want);
-    have += got;
-    if (got < want)
-      fail(errc::truncated, name + ": header " + out.dims.str() + " needs " +
-                                std::to_string(payload) + " payload bytes, gzip stream holds " +
-                                std::to_string(have) + " bytes");
+private:
+  [[nodiscard]] std::string holds() const {
+    return src_.gzip() ? "gzip file holds " + std::to_string(src_.file_size()) + " compressed bytes"
+                       : "file holds " + std::to_string(src_.file_size()) + " bytes";
   }
-  unsigned char extra;
-  if (src.read(&extra, 1) != 0)
-    fail(errc::format, name + ": trailing data after the " + std::to_string(payload) +
-                           "-byte payload of " + out.dims.str());
+
+  detail::IdxSource src_;
+  std::string name_;
+  Shape dims_;
+  std::uint64_t payload_ = 1;
+};
+
+/// Reads a whole IDX file of unsigned bytes into memory; see IdxReader for what is checked
+/// and thrown.
+inline IdxArray read_idx(const std::filesystem::path& path,
+                         std::uint64_t max_payload = idx_max_payload) {
+  IdxReader reader(path, max_payload);
+  IdxArray out{reader.dims(), {}};
+  detail::reserve_or_fail(out.data, reader.payload_bytes(), path);
+  reader.read_payload([&](const std::uint8_t* bytes, std::size_t n) {
+    out.data.insert(out.data.end(), bytes, bytes + n);
+  });
   return out;
 }
 

@@ -66,8 +66,10 @@ public:
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
 
-  /// A named input fed before each run, e.g. a batch of images.
+  /// A named input fed before each run, e.g. a batch of images. Every dimension must be >= 1
+  /// and its size addressable (kiln.verify.shape otherwise).
   Value input(const std::string& name, Shape shape, DType dtype = DType::f32) {
+    check_shape(shape, dtype_size(dtype), "input '" + name + "'");
     for (const Node& n : nodes_) {
       if (const auto* a = std::get_if<InputAttrs>(&n.attrs); a && a->name == name)
         fail(errc::argument, "graph already has an input named '" + name + "'");

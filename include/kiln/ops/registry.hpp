@@ -102,6 +102,8 @@ inline Value append(Graph& g, Op op, std::vector<ValueId> inputs, Attrs attrs) {
       fail(errc::graph, "node %" + std::to_string(id) + " " + std::string(op_name(op)) +
                             ": input %" + std::to_string(in) + " does not exist");
   TensorType type = infer_type(g, id, op, inputs, attrs);
+  check_shape(type.shape, dtype_size(type.dtype),
+              "node %" + std::to_string(id) + " " + std::string(op_name(op)));
   return g.push(Node{op, std::move(inputs), std::move(attrs), type});
 }
 

@@ -73,7 +73,7 @@ public:
   [[nodiscard]] virtual bool shares_host_memory() const = 0;
 
   /// `bytes` of zero-filled device memory, 64-byte aligned (a valid pointer for 0 bytes);
-  /// throws kiln::Error (kiln.runtime.memory) naming the size when the device has no room.
+  /// throws kiln::Error (kiln.memory.host) naming the size when the device has no room.
   [[nodiscard]] virtual std::byte* allocate(std::size_t bytes) = 0;
   /// Returns memory from allocate().
   virtual void free(std::byte* memory) noexcept = 0;

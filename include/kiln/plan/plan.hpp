@@ -66,6 +66,11 @@ struct Plan {
   int threads = 1;
   /// Whether the device may record the step once and replay it (CompileOptions::replay).
   bool replay = true;
+  /// Whether every run checks that its one-element outputs are finite (CompileOptions).
+  bool check_finite = false;
+  /// The graph compile() was given, whose Values name the outputs; null for a plan lowered
+  /// directly.
+  const Graph* origin = nullptr;
   /// The device the plan was lowered for: its backend, ISA, and how to measure its peak.
   Target target;
 };

@@ -2,6 +2,7 @@
 // step is one kernel call the device makes.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <memory>
 #include <span>
@@ -77,12 +78,14 @@ public:
     }
     step_seconds_.assign(plan_.steps.size(), 0.0);
     output_copies_.resize(plan_.outputs.size());
+    fed_.assign(plan_.inputs.size(), false);
   }
 
   /// Copies `data` into the input called `name`; its size must match the input's shape.
   void set_input(const std::string& name, std::span<const float> data) {
     const PlanInput& in = find_input(name, DType::f32, data.size());
     device_->copy_in(address(in.buffer), data.data(), data.size_bytes());
+    mark_fed(in);
   }
 
   /// The memory of f32 input `name` itself, to be filled in place before run() instead of
@@ -93,6 +96,7 @@ public:
     if (!device_->shares_host_memory())
       fail(errc::argument,
            "input_memory('" + name + "'): the device's memory is not the host's; use set_input");
+    mark_fed(in);
     return {view(in.buffer).f32(), static_cast<std::size_t>(in.buffer.shape.numel())};
   }
 
@@ -106,15 +110,25 @@ public:
                                 " at index " + std::to_string(i) + " is outside [0, " +
                                 std::to_string(in.label_classes) + ")");
     device_->copy_in(address(in.buffer), data.data(), data.size_bytes());
+    mark_fed(in);
   }
 
-  /// Runs every step once, on the plan's worker count.
+  /// Runs every step once, on the plan's worker count. Every input must have been set at least
+  /// once (kiln.api.argument names the first that was not). With the plan's check_finite, a
+  /// one-element output (a loss) that is NaN or infinite afterwards is kiln.runtime.not_finite,
+  /// naming the run and the output.
   void run() {
+    for (std::size_t i = 0; i < fed_.size(); ++i)
+      if (!fed_[i])
+        fail(errc::argument, "run: input '" + plan_.inputs[i].name +
+                                 "' was never set (set_input or input_memory before the first "
+                                 "run)");
     for (KernelArgs& a : args_) a.run_counter = runs_;
     device_->run(kernels_, args_,
                  profiling_ ? std::span<double>(step_seconds_) : std::span<double>{});
     if (profiling_) ++profiled_runs_;
     ++runs_;
+    if (plan_.check_finite) check_finite_outputs();
   }
 
   /// The elements of graph output `id` (numbered as in the graph given to compile) after
@@ -136,9 +150,23 @@ public:
     fail(errc::not_found,
          "output: value %" + std::to_string(id) + " is not marked as a graph output");
   }
-  [[nodiscard]] std::span<const float> output(Value v) const { return output(v.id); }
-  /// The single element of a scalar output, e.g. the loss.
-  [[nodiscard]] float scalar(Value v) const { return output(v.id)[0]; }
+  /// The elements of graph output `v`, a Value of the graph given to compile (a Value of any
+  /// other graph is kiln.api.argument).
+  [[nodiscard]] std::span<const float> output(Value v) const {
+    if (plan_.origin && v.graph != plan_.origin)
+      fail(errc::argument, "output: value %" + std::to_string(v.id) +
+                               " belongs to another graph than the one this executor compiled");
+    return output(v.id);
+  }
+  /// The single element of a one-element output, e.g. the loss (kiln.verify.shape for any other).
+  [[nodiscard]] float scalar(Value v) const {
+    const std::span<const float> out = output(v);
+    if (out.size() != 1)
+      fail(errc::shape, "scalar: output %" + std::to_string(v.id) + " has " +
+                            std::to_string(out.size()) +
+                            " elements, not one (read it with output)");
+    return out[0];
+  }
 
   /// On a device with memory of its own, copies every parameter the plan updates back into
   /// its host tensor (nothing to do where device memory is host memory).
@@ -175,6 +203,25 @@ public:
   [[nodiscard]] Device& device() const { return *device_; }
 
 private:
+  void mark_fed(const PlanInput& in) {
+    fed_[static_cast<std::size_t>(&in - plan_.inputs.data())] = true;
+  }
+
+  void check_finite_outputs() const {
+    for (std::size_t i = 0; i < plan_.outputs.size(); ++i) {
+      const BufferRef& b = plan_.values[static_cast<std::size_t>(plan_.outputs[i])];
+      if (b.dtype != DType::f32 || b.shape.numel() != 1) continue;
+      const float v = output(plan_.output_origins[i])[0];
+      if (!std::isfinite(v))
+        fail(errc::not_finite, "run " + std::to_string(runs_) + ": output %" +
+                                   std::to_string(plan_.output_origins[i]) + " is " +
+                                   (std::isnan(v) ? "nan"
+                                    : v > 0       ? "inf"
+                                                  : "-inf") +
+                                   " (check_finite)");
+    }
+  }
+
   static std::size_t tensor_bytes(const Tensor& t) {
     return static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype());
   }
@@ -234,6 +281,7 @@ private:
   std::vector<KernelArgs> args_;
   std::vector<double> step_seconds_;
   mutable std::vector<std::vector<float>> output_copies_;
+  std::vector<bool> fed_; ///< per plan input: set at least once
   std::uint64_t runs_ = 0;
   std::uint64_t profiled_runs_ = 0;
   bool profiling_ = false;

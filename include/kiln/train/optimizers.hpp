@@ -48,8 +48,12 @@ struct SGD {
   [[nodiscard]] std::vector<Update> append(Graph& g, const std::vector<nn::Parameter>& params,
                                            const std::vector<Value>& grads,
                                            OptimizerState& state) const {
-    if (!(lr > 0.0f) || momentum < 0.0f || weight_decay < 0.0f)
-      fail(errc::argument, "SGD: lr must be > 0, momentum and weight_decay >= 0");
+    if (!(lr > 0.0f) || !std::isfinite(lr) || !(momentum >= 0.0f) || !std::isfinite(momentum) ||
+        !(weight_decay >= 0.0f) || !std::isfinite(weight_decay))
+      fail(errc::argument, "SGD: lr must be finite and > 0, momentum and weight_decay finite and "
+                           ">= 0 (got lr " +
+                               std::to_string(lr) + ", momentum " + std::to_string(momentum) +
+                               ", weight_decay " + std::to_string(weight_decay) + ")");
     const Value rate = state.learning_rate_node(g, lr);
     std::vector<Update> updates;
     for (std::size_t i = 0; i < params.size(); ++i) {
@@ -83,9 +87,11 @@ struct Adam {
   [[nodiscard]] std::vector<Update> append(Graph& g, const std::vector<nn::Parameter>& params,
                                            const std::vector<Value>& grads,
                                            OptimizerState& state) const {
-    if (!(lr > 0.0f) || !(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f) ||
-        !(eps > 0.0f))
-      fail(errc::argument, "Adam: needs lr > 0, betas in [0, 1), eps > 0");
+    if (!(lr > 0.0f) || !std::isfinite(lr) || !(beta1 >= 0.0f && beta1 < 1.0f) ||
+        !(beta2 >= 0.0f && beta2 < 1.0f) || !(eps > 0.0f) || !std::isfinite(eps) ||
+        !(weight_decay >= 0.0f) || !std::isfinite(weight_decay))
+      fail(errc::argument, "Adam: needs lr and eps finite and > 0, betas in [0, 1), weight_decay "
+                           "finite and >= 0");
     const Value rate = state.learning_rate_node(g, lr);
     std::vector<Update> updates;
     // The step counter t lives in a one-element state tensor, so the bias corrections

@@ -1,6 +1,8 @@
 // train_step(): turns a graph computing a loss into one whole training step.
 #pragma once
 
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "kiln/autodiff/gradients.hpp"
@@ -18,11 +20,20 @@ struct TrainStep {
 
   /// Sets the learning rate the compiled step uses from its next run on (for schedules).
   void set_learning_rate(float lr) const {
-    if (!(lr > 0.0f))
-      fail(errc::argument, "set_learning_rate: lr must be > 0, got " + std::to_string(lr));
+    if (!(lr > 0.0f) || !std::isfinite(lr))
+      fail(errc::argument,
+           "set_learning_rate: lr must be finite and > 0, got " + std::to_string(lr));
     optimizer.learning_rate->f32()[0] = lr;
   }
   [[nodiscard]] float learning_rate() const { return optimizer.learning_rate->f32()[0]; }
+};
+
+/// Options of train_step.
+struct TrainStepOptions {
+  /// Train parameters the loss does not depend on (their gradient is zero; weight decay and
+  /// momentum still move them). Off, such a parameter is kiln.api.argument naming it: usually
+  /// a layer left out of the network by mistake.
+  bool allow_unused = false;
 };
 
 /// Appends to the loss's graph the backward pass, the optimizer's update of every parameter
@@ -30,12 +41,21 @@ struct TrainStep {
 /// Compile the graph afterwards: each run is then forward + backward + update.
 template <class Optimizer>
 TrainStep train_step(Value loss, const std::vector<nn::Parameter>& params,
-                     const Optimizer& optimizer) {
+                     const Optimizer& optimizer, const TrainStepOptions& options = {}) {
   if (!loss.valid()) fail(errc::argument, "train_step: empty loss value");
   if (params.empty()) fail(errc::argument, "train_step: no parameters to train");
   Graph& g = *loss.graph;
   std::vector<Value> wrt;
   for (const nn::Parameter& p : params) wrt.push_back(g.param(p.name, p.tensor));
+  if (!options.allow_unused) {
+    const std::vector<bool> used = reaches(loss, wrt);
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (!used[i])
+        fail(errc::argument, "train_step: parameter '" + params[i].name + "' " +
+                                 params[i].tensor->shape().str() +
+                                 " does not reach the loss (TrainStepOptions::allow_unused trains "
+                                 "it anyway)");
+  }
   TrainStep step{loss, gradients(loss, wrt), {}};
   // Every new value is computed before any is written back, so no update reads a
   // parameter another update has already replaced.

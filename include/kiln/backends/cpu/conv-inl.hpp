@@ -20,6 +20,7 @@
 #include "kiln/backends/cpu/gemm-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "kiln/backends/cpu/variants.hpp"
+#include "kiln/backends/cpu/weight_gradient_partials-inl.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -239,7 +240,7 @@ inline double TileUse(std::size_t m, std::size_t n) {
   return static_cast<double>(m * n) / static_cast<double>(round_up(m, kGemmMR) * round_up(n, nr));
 }
 
-/// Op::Conv2dGradWeight: dW = sum_n dy[n] · im2col(x[n])^T. Each thread accumulates its images
+/// Op::Conv2dGradWeight: dW = sum_n dy[n] · im2col(x[n])^T. Each run of images accumulates
 /// into its own partial dW in the workspace; the partials are summed at the end. When there
 /// are few taps (a strided first layer: 9 for a 3x3 kernel on one channel), the GEMM is turned
 /// around to dW^T = col · dy^T, so that the taps fill tile rows instead of wide tile columns.
@@ -259,8 +260,7 @@ inline void Conv2dGradWeightKernel(const KernelArgs& args) {
     return;
   }
   const bool by_taps = TileUse(ckk, g.o) > TileUse(g.o, ckk);
-  partials.Zero(size);
-  tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
+  partials.Accumulate(g.batch, size, [&](std::size_t n, float* partial) {
     float* scratch = ThreadScratch(args);
     float* col = scratch + layout.col;
     const float* image = x + n * g.c * g.h * g.w;
@@ -269,13 +269,13 @@ inline void Conv2dGradWeightKernel(const KernelArgs& args) {
       for (std::size_t row = 0; row < ckk; ++row) {
         Im2colRow(g, image, TapOf(g, row), PixelPos{0, 0}, pixels, col + row * pixels);
       }
-      Gemm(ckk, g.o, pixels, MatRef{col, pixels, 1}, GemmB{MatRef{dyn, 1, pixels}},
-           scratch + layout.partial, g.o, true, nullptr, scratch + layout.pack_b);
+      Gemm(ckk, g.o, pixels, MatRef{col, pixels, 1}, GemmB{MatRef{dyn, 1, pixels}}, partial, g.o,
+           true, nullptr, scratch + layout.pack_b);
       return;
     }
     PackColumnsTransposed(g, image, col, scratch + layout.rows);
-    Gemm(g.o, ckk, pixels, MatRef{dyn, pixels, 1}, GemmB{MatRef{}, col, pixels},
-         scratch + layout.partial, ckk, true, nullptr, nullptr);
+    Gemm(g.o, ckk, pixels, MatRef{dyn, pixels, 1}, GemmB{MatRef{}, col, pixels}, partial, ckk, true,
+         nullptr, nullptr);
   });
   // Element (o, tap) of dW sits at tap * O + o in a turned-around partial.
   const auto at = [&](std::size_t i) { return by_taps ? i % ckk * g.o + i / ckk : i; };

@@ -21,6 +21,7 @@
 #include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "kiln/backends/cpu/variants.hpp"
+#include "kiln/backends/cpu/weight_gradient_partials-inl.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -283,7 +284,7 @@ void WeightGradImage(const float* image, std::size_t width, const ConvGeometry& 
 }
 
 /// Op::Conv2dGradWeight, channels-last: dW = sum over images of x-under-the-kernel^T · dy,
-/// each thread summing its images into its own [KH, KW, C, O] partial; the partials are
+/// each run of images summed into its own [KH, KW, C, O] partial; the partials are
 /// then added up into the OIHW dW and the epilogue runs over each block of it.
 inline void Conv2dGradWeightChannelsLastKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2dGradWeight, args);
@@ -293,19 +294,13 @@ inline void Conv2dGradWeightChannelsLastKernel(const KernelArgs& args) {
   const float* dy = args.in[1].f32();
   float* dw = args.out.f32();
   const std::size_t size = g.o * g.ckk();
-  const auto slices = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-  const std::size_t slice_floats = args.workspace_per_worker / sizeof(float);
-  const auto partial = [&](std::size_t t) {
-    return reinterpret_cast<float*>(args.workspace) + t * slice_floats + layout.partial;
-  };
+  const PartialWeightGradients partials{args, layout.partial, 1};
   const EpilogueRunner epilogue(args);
-  for (std::size_t t = 0; t < slices; ++t) std::fill_n(partial(t), size, 0.0f);
   const std::size_t vectors = ConvTileVectors(g.o);
-  tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
+  partials.Accumulate(g.batch, size, [&](std::size_t n, float* sum) {
     float* scratch = ThreadScratch(args);
     const auto [in, width] = HaloedImage(x + n * g.h * g.w * g.c, g.h, g.w, halo, scratch);
     const float* dyn = dy + n * g.pixels() * g.o;
-    float* sum = scratch + layout.partial;
     if (vectors == 4) {
       WeightGradImage<4>(in, width, g, dyn, sum);
     } else if (vectors == 2) {
@@ -314,19 +309,13 @@ inline void Conv2dGradWeightChannelsLastKernel(const KernelArgs& args) {
       WeightGradImage<1>(in, width, g, dyn, sum);
     }
   });
+  // dW[o, c, tap] sits at (tap * C + c) * O + o in a partial.
   const std::size_t taps = g.kh * g.kw;
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, size, 4096),
-                    [&](const tbb::blocked_range<std::size_t>& r) {
-                      for (std::size_t i = r.begin(); i < r.end(); ++i) {
-                        // dW[o, c, tap] sits at (tap * C + c) * O + o in a partial.
-                        const std::size_t o = i / (g.c * taps), c = i / taps % g.c;
-                        const std::size_t at = (i % taps * g.c + c) * g.o + o;
-                        float sum = 0.0f;
-                        for (std::size_t t = 0; t < slices; ++t) sum += partial(t)[at];
-                        dw[i] = sum;
-                      }
-                      epilogue(r.begin(), r.end(), ThreadScratch(args) + layout.total);
-                    });
+  const auto at = [&](std::size_t i) {
+    const std::size_t o = i / (g.c * taps), c = i / taps % g.c;
+    return (i % taps * g.c + c) * g.o + o;
+  };
+  partials.SumInto(dw, size, at, epilogue, layout.total);
 }
 
 /// Puts this target's channels-last convolutions into the table.

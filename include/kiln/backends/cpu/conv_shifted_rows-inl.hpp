@@ -21,6 +21,7 @@
 #include "kiln/backends/cpu/gemm-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "kiln/backends/cpu/variants.hpp"
+#include "kiln/backends/cpu/weight_gradient_partials-inl.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -38,39 +39,6 @@ inline constexpr std::size_t kDotRows = 4, kDotTaps = 6;
 #else
 inline constexpr std::size_t kDotRows = 2, kDotTaps = 5;
 #endif
-
-/// Every worker thread's partial dW of a weight-gradient kernel, at layout.partial in its
-/// workspace slice, each dW element `values` floats wide (summed together at the end).
-struct PartialWeightGradients {
-  const KernelArgs& args;
-  std::size_t offset, values;
-  std::size_t slices = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-
-  [[nodiscard]] float* slice(std::size_t t) const {
-    return reinterpret_cast<float*>(args.workspace) +
-           t * (args.workspace_per_worker / sizeof(float)) + offset;
-  }
-  void Zero(std::size_t size) const {
-    for (std::size_t t = 0; t < slices; ++t) std::fill_n(slice(t), size * values, 0.0f);
-  }
-  /// dw[i] = the sum over threads of the `values` floats of element at(i), for i < size; the
-  /// epilogue (typically the optimizer update) runs over each block as it is done.
-  template <class At>
-  void SumInto(float* dw, std::size_t size, const At& at, const EpilogueRunner& epilogue,
-               std::size_t temps) const {
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, size, 4096),
-                      [&](const tbb::blocked_range<std::size_t>& r) {
-                        for (std::size_t i = r.begin(); i < r.end(); ++i) {
-                          const std::size_t first = at(i) * values;
-                          float sum = 0.0f;
-                          for (std::size_t t = 0; t < slices; ++t)
-                            for (std::size_t l = 0; l < values; ++l) sum += slice(t)[first + l];
-                          dw[i] = sum;
-                        }
-                        epilogue(r.begin(), r.end(), ThreadScratch(args) + temps);
-                      });
-  }
-};
 
 /// Where tap k reads: A (the weights) at a[k] from its row start, the padded image at b[k].
 struct TapOffsets {
@@ -268,8 +236,7 @@ inline void Conv2dGradWeightShiftedRows(const KernelArgs& args, const ConvGeomet
   const std::size_t lanes = hn::Lanes(GemmTag()), row_floats = s.row_floats();
   const std::size_t vectors = (s.columns + lanes - 1) / lanes;
   const PartialWeightGradients partials{args, layout.partial, lanes};
-  partials.Zero(size);
-  tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
+  partials.Accumulate(g.batch, size, [&](std::size_t n, float* sums) {
     float* scratch = ThreadScratch(args);
     float* padded = scratch + layout.col;
     float* wide = scratch + layout.rows;
@@ -282,7 +249,6 @@ inline void Conv2dGradWeightShiftedRows(const KernelArgs& args, const ConvGeomet
         CopyFloats(wide + o * row_floats + i * s.width, dyn + (o * g.oh + i) * g.ow, g.ow);
       }
     }
-    float* sums = scratch + layout.partial;
     for (std::size_t o = 0; o < g.o; o += kDotRows) {
       for (std::size_t k = 0; k < ckk; k += kDotTaps) {
         ShiftedDotTile<kDotRows, kDotTaps>(

@@ -40,7 +40,9 @@ template <class D> struct HwyMath {
   static V sub(V a, V b) { return hn::Sub(a, b); }
   static V mul(V a, V b) { return hn::Mul(a, b); }
   static V div(V a, V b) { return hn::Div(a, b); }
-  static V max(V a, V b) { return hn::Max(a, b); }
+  /// a where !(a < b), as std::max: a NaN in a stays (relu(NaN) is NaN on every lane), where
+  /// the instruction's own max would pass b through.
+  static V max(V a, V b) { return hn::IfThenElse(hn::Lt(a, b), b, a); }
   static V neg(V a) { return hn::Neg(a); }
   V exp(V a) const { return hn::Exp(d, a); }
   V log(V a) const { return hn::Log(d, a); }

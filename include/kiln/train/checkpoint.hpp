@@ -1,0 +1,316 @@
+// Checkpoints in the safetensors format: every parameter and optimizer-state tensor by name,
+// the training position in the header's metadata with a CRC-32 of the data, written so that a
+// crash at any moment leaves the previous file or the new one whole.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kiln/core/error.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/nn/module.hpp"
+#include "kiln/train/train_step.hpp"
+
+namespace kiln {
+
+/// Where training stood when a checkpoint was written, kept in the file's metadata.
+struct CheckpointInfo {
+  std::int64_t step = 0;  ///< training steps completed
+  std::int64_t epoch = 0; ///< the epoch the next step belongs to
+  std::int64_t batch = 0; ///< the next step's batch within that epoch
+  std::uint64_t seed = 0; ///< the seed of the batch order
+  /// Anything else the trainer wants back (strings, as safetensors' metadata holds).
+  std::map<std::string, std::string> metadata{};
+};
+
+/// Largest header a checkpoint may have: far above any network's, so a hostile length field
+/// cannot drive a huge allocation.
+inline constexpr std::uint64_t checkpoint_max_header = std::uint64_t{1} << 26;
+
+/// Every tensor a training step keeps between runs: the network's parameters and buffers
+/// (batchnorm's running statistics), then the optimizer's state (learning rate, momentum
+/// buffers, Adam's moments and step counter).
+inline std::vector<nn::Parameter> training_state(const nn::Module& net, const TrainStep& step) {
+  std::vector<nn::Parameter> all = net.parameters();
+  for (const nn::Parameter& b : net.buffers()) all.push_back(b);
+  all.insert(all.end(), step.optimizer.tensors.begin(), step.optimizer.tensors.end());
+  return all;
+}
+
+namespace detail {
+
+inline std::string safetensors_dtype(DType t) { return t == DType::f32 ? "F32" : "I32"; }
+
+inline std::size_t tensor_bytes(const Tensor& t) {
+  return static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype());
+}
+
+/// Closes a POSIX file descriptor when it goes.
+struct Descriptor {
+  int fd = -1;
+  explicit Descriptor(int f) : fd(f) {}
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  ~Descriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+inline void write_all(int fd, const void* data, std::size_t bytes, const std::string& what) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail(errc::checkpoint_io, what + ": write failed: " + std::strerror(errno));
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+inline constexpr const char* checksum_key = "kiln.crc32";
+
+/// Continues `crc` over the header in one canonical spelling (sorted keys, no spaces) without
+/// its checksum entry, so that a changed name, shape, offset or position is caught as surely as
+/// a changed weight.
+inline std::uint32_t header_crc(uLong crc, nlohmann::json header) {
+  header["__metadata__"].erase(checksum_key);
+  const std::string canonical = header.dump();
+  return static_cast<std::uint32_t>(
+      crc32_z(crc, reinterpret_cast<const Bytef*>(canonical.data()), canonical.size()));
+}
+
+} // namespace detail
+
+/// Writes `tensors` (unique names) and `info` to `path` as safetensors: an 8-byte little-endian
+/// header length, a JSON header naming each tensor's dtype, shape and byte range, then the
+/// data. It goes to a temporary file in the same folder, is synced, renamed over `path` and the
+/// folder synced, so a crash leaves either the old checkpoint or the new one, never a part.
+/// On a device with memory of its own, call Executor::download_params first.
+inline void save_checkpoint(const std::filesystem::path& path,
+                            std::span<const nn::Parameter> tensors, const CheckpointInfo& info) {
+  const std::string name = path.string();
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  std::set<std::string> seen;
+  std::uint64_t offset = 0;
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const nn::Parameter& p : tensors) {
+    if (!p.tensor) fail(errc::argument, name + ": tensor '" + p.name + "' has no data");
+    if (p.name == "__metadata__" || !seen.insert(p.name).second)
+      fail(errc::argument, name + ": tensor name '" + p.name + "' is used twice or reserved");
+    const std::size_t bytes = detail::tensor_bytes(*p.tensor);
+    header[p.name] = {
+        {"dtype", detail::safetensors_dtype(p.tensor->dtype())},
+        {"shape", std::vector<std::int64_t>(p.tensor->shape().begin(), p.tensor->shape().end())},
+        {"data_offsets", {offset, offset + bytes}}};
+    crc = crc32_z(crc, static_cast<const Bytef*>(p.tensor->data()), bytes);
+    offset += bytes;
+  }
+  nlohmann::ordered_json metadata = {{"format", "kiln"},
+                                     {"kiln.step", std::to_string(info.step)},
+                                     {"kiln.epoch", std::to_string(info.epoch)},
+                                     {"kiln.batch", std::to_string(info.batch)},
+                                     {"kiln.seed", std::to_string(info.seed)},
+                                     {"kiln.data_bytes", std::to_string(offset)}};
+  for (const auto& [key, value] : info.metadata) {
+    if (key.starts_with("kiln.") || key == "format")
+      fail(errc::argument, name + ": metadata key '" + key + "' is reserved for kiln");
+    metadata[key] = value;
+  }
+  header["__metadata__"] = metadata;
+  crc = detail::header_crc(crc, nlohmann::json(header));
+  header["__metadata__"][detail::checksum_key] = std::to_string(crc);
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' '); // the data starts 8-byte aligned
+  std::uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<std::uint8_t>(text.size() >> (8 * i));
+
+  const std::filesystem::path folder = path.has_parent_path() ? path.parent_path() : ".";
+  const std::filesystem::path temporary =
+      folder / ("." + path.filename().string() + ".tmp" + std::to_string(::getpid()));
+  {
+    detail::Descriptor file(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+    if (file.fd < 0)
+      fail(errc::checkpoint_io,
+           name + ": cannot create " + temporary.string() + ": " + std::strerror(errno));
+    try {
+      detail::write_all(file.fd, length, 8, name);
+      detail::write_all(file.fd, text.data(), text.size(), name);
+      for (const nn::Parameter& p : tensors)
+        detail::write_all(file.fd, p.tensor->data(), detail::tensor_bytes(*p.tensor), name);
+      if (::fsync(file.fd) != 0)
+        fail(errc::checkpoint_io, name + ": fsync failed: " + std::strerror(errno));
+    } catch (...) {
+      std::error_code ignored;
+      std::filesystem::remove(temporary, ignored);
+      throw;
+    }
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    fail(errc::checkpoint_io, name + ": cannot rename the written file into place: " + why);
+  }
+  const detail::Descriptor dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY));
+  if (dir.fd < 0 || ::fsync(dir.fd) != 0)
+    fail(errc::checkpoint_io, name + ": cannot sync its folder: " + std::strerror(errno));
+}
+
+/// Reads the checkpoint at `path` into `tensors`, whose names, dtypes and shapes must match the
+/// file's exactly (a tensor missing on either side is kiln.checkpoint.mismatch naming it), and
+/// returns where training stood. The header is validated field by field and the data against
+/// its CRC-32 before any tensor is written, so a truncated, corrupt or foreign file is a
+/// kiln::Error (kiln.checkpoint.*) and leaves the tensors as they were.
+inline CheckpointInfo load_checkpoint(const std::filesystem::path& path,
+                                      std::span<const nn::Parameter> tensors) {
+  const std::string name = path.string();
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::is_regular_file(status))
+    fail(errc::checkpoint_io, name + ": no checkpoint (not a regular file)");
+  const std::uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec) fail(errc::checkpoint_io, name + ": cannot stat: " + ec.message());
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
+                                                       &std::fclose);
+  if (!file) fail(errc::checkpoint_io, name + ": cannot open: " + std::strerror(errno));
+  const auto read = [&](void* into, std::size_t bytes, const char* what) {
+    if (std::fread(into, 1, bytes, file.get()) != bytes)
+      fail(errc::checkpoint_format, name + ": the file ends inside its " + std::string(what));
+  };
+
+  std::uint8_t length[8];
+  if (size < 8)
+    fail(errc::checkpoint_format, name + ": " + std::to_string(size) +
+                                      " bytes, "
+                                      "shorter than a safetensors header length");
+  read(length, 8, "header length");
+  std::uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = header_bytes << 8 | length[i];
+  if (header_bytes > checkpoint_max_header || header_bytes > size - 8)
+    fail(errc::checkpoint_format, name + ": header length " + std::to_string(header_bytes) +
+                                      " does not fit the file's " + std::to_string(size) +
+                                      " bytes");
+  std::string text(static_cast<std::size_t>(header_bytes), '\0');
+  read(text.data(), text.size(), "header");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(errc::checkpoint_format, name + ": the header is not JSON: " + e.what());
+  }
+  const std::uint64_t data_bytes = size - 8 - header_bytes;
+  if (!header.is_object() || !header.contains("__metadata__") ||
+      !header["__metadata__"].is_object())
+    fail(errc::checkpoint_format, name + ": the header has no __metadata__ object");
+  const nlohmann::json& meta = header["__metadata__"];
+  const auto meta_number = [&](const char* key) -> std::uint64_t {
+    if (!meta.contains(key) || !meta[key].is_string())
+      fail(errc::checkpoint_format, name + ": metadata '" + key + "' is missing");
+    const std::string& v = meta[key].get_ref<const std::string&>();
+    if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos)
+      fail(errc::checkpoint_format, name + ": metadata '" + key + "' is not a number: " + v);
+    return std::stoull(v);
+  };
+  if (meta_number("kiln.data_bytes") != data_bytes)
+    fail(errc::checkpoint_format,
+         name + ": holds " + std::to_string(data_bytes) + " bytes of data, its header says " +
+             std::to_string(meta_number("kiln.data_bytes")) + " (truncated or appended to)");
+
+  std::set<std::string> expected;
+  for (const nn::Parameter& p : tensors) expected.insert(p.name);
+  for (const auto& [key, value] : header.items())
+    if (key != "__metadata__" && !expected.contains(key))
+      fail(errc::checkpoint_mismatch,
+           name + ": holds tensor '" + key + "', which the network does not have");
+  struct Place {
+    std::uint64_t begin, end;
+  };
+  std::vector<Place> places;
+  for (const nn::Parameter& p : tensors) {
+    if (!header.contains(p.name))
+      fail(errc::checkpoint_mismatch, name + ": has no tensor '" + p.name + "'");
+    const nlohmann::json& entry = header[p.name];
+    const std::string tensor = name + ": tensor '" + p.name + "'";
+    if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() ||
+        !entry.contains("shape") || !entry["shape"].is_array() || !entry.contains("data_offsets") ||
+        !entry["data_offsets"].is_array() || entry["data_offsets"].size() != 2)
+      fail(errc::checkpoint_format, tensor + ": needs dtype, shape and two data_offsets");
+    if (entry["dtype"] != detail::safetensors_dtype(p.tensor->dtype()))
+      fail(errc::checkpoint_mismatch, tensor + " is " + entry["dtype"].get<std::string>() +
+                                          ", the network's is " +
+                                          detail::safetensors_dtype(p.tensor->dtype()));
+    std::vector<std::int64_t> shape;
+    for (const nlohmann::json& d : entry["shape"]) {
+      if (!d.is_number_integer())
+        fail(errc::checkpoint_format, tensor + ": its shape holds a non-integer");
+      shape.push_back(d.get<std::int64_t>());
+    }
+    if (!std::equal(shape.begin(), shape.end(), p.tensor->shape().begin(), p.tensor->shape().end()))
+      fail(errc::checkpoint_mismatch, tensor + " has shape " + nlohmann::json(shape).dump() +
+                                          ", the network's is " + p.tensor->shape().str());
+    for (const nlohmann::json& o : entry["data_offsets"])
+      if (!o.is_number_unsigned())
+        fail(errc::checkpoint_format, tensor + ": its data_offsets are not byte counts");
+    const Place place{entry["data_offsets"][0].get<std::uint64_t>(),
+                      entry["data_offsets"][1].get<std::uint64_t>()};
+    if (place.begin > place.end || place.end > data_bytes ||
+        place.end - place.begin != detail::tensor_bytes(*p.tensor))
+      fail(errc::checkpoint_format, tensor + ": bytes " + std::to_string(place.begin) + ".." +
+                                        std::to_string(place.end) + " do not hold " +
+                                        p.tensor->shape().str() + " within the file's data");
+    places.push_back(place);
+  }
+
+  std::vector<Place> sorted = places;
+  std::ranges::sort(sorted, {}, &Place::begin);
+  std::uint64_t next = 0;
+  for (const Place& p : sorted) {
+    if (p.begin != next)
+      fail(errc::checkpoint_format, name + ": its tensors overlap or leave a hole at byte " +
+                                        std::to_string(std::min(p.begin, next)));
+    next = p.end;
+  }
+  if (next != data_bytes)
+    fail(errc::checkpoint_format, name + ": bytes " + std::to_string(next) + ".." +
+                                      std::to_string(data_bytes) + " belong to no tensor");
+
+  std::vector<std::uint8_t> data(static_cast<std::size_t>(data_bytes));
+  read(data.data(), data.size(), "data");
+  const std::uint32_t crc =
+      detail::header_crc(crc32_z(crc32(0L, Z_NULL, 0), data.data(), data.size()), header);
+  if (std::to_string(crc) != meta.value(detail::checksum_key, std::string()))
+    fail(errc::checkpoint_corrupt,
+         name + ": its header and data do not match the CRC-32 in its metadata");
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    std::memcpy(tensors[i].tensor->data(), data.data() + places[i].begin,
+                places[i].end - places[i].begin);
+
+  CheckpointInfo info;
+  info.step = static_cast<std::int64_t>(meta_number("kiln.step"));
+  info.epoch = static_cast<std::int64_t>(meta_number("kiln.epoch"));
+  info.batch = static_cast<std::int64_t>(meta_number("kiln.batch"));
+  info.seed = meta_number("kiln.seed");
+  for (const auto& [key, value] : meta.items())
+    if (!key.starts_with("kiln.") && key != "format" && value.is_string())
+      info.metadata[key] = value.get<std::string>();
+  return info;
+}
+
+} // namespace kiln

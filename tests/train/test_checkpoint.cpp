@@ -1,0 +1,205 @@
+// Checkpoints: a round trip restores every tensor bit for bit and the training position, the
+// file is plain safetensors, and a truncated, bit-flipped or foreign file is refused, naming
+// what was wrong, without touching the tensors.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kiln/kiln.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Bytes = std::vector<char>;
+
+/// A folder of its own under the system's temporary directory, removed afterwards.
+struct Folder {
+  fs::path path = fs::temp_directory_path() / ("kiln-checkpoint-" + std::to_string(::getpid()));
+  Folder() { fs::create_directories(path); }
+  Folder(const Folder&) = delete;
+  Folder& operator=(const Folder&) = delete;
+  ~Folder() { fs::remove_all(path); }
+};
+
+Bytes read_all(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return Bytes(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+void write_all(const fs::path& p, const Bytes& b) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(b.data(), static_cast<std::streamsize>(b.size()));
+}
+
+/// A small CNN trained a few steps with momentum, so every kind of state tensor is non-zero.
+struct Trained {
+  kiln::nn::Sequential net;
+  kiln::Graph g;
+  kiln::TrainStep step;
+  Trained() : net(make()), step(build(g, net)) {
+    kiln::Executor exe = kiln::compile(g, {.threads = 1});
+    kiln::Rng rng(3);
+    std::vector<float> x(4 * 8 * 8);
+    for (float& v : x) v = rng.uniform(-1.0f, 1.0f);
+    exe.set_input("x", x);
+    exe.set_input("y", std::vector<std::int32_t>{1, 2, 3, 4});
+    for (int i = 0; i < 3; ++i) exe.run();
+  }
+  static kiln::nn::Sequential make() {
+    kiln::nn::manual_seed(7);
+    return kiln::nn::Sequential{kiln::nn::Conv2d(1, 4, 3), kiln::nn::ReLU(), kiln::nn::Flatten(),
+                                kiln::nn::Linear(4 * 6 * 6, 10)};
+  }
+  static kiln::TrainStep build(kiln::Graph& g, kiln::nn::Sequential& net) {
+    const auto x = g.input("x", {4, 1, 8, 8});
+    const auto y = g.input("y", {4}, kiln::i32);
+    return kiln::train_step(kiln::softmax_cross_entropy(net(x), y), net.parameters(),
+                            kiln::optim::SGD{.lr = 0.05f, .momentum = 0.9f});
+  }
+  [[nodiscard]] std::vector<kiln::nn::Parameter> state() const {
+    return kiln::training_state(net, step);
+  }
+  [[nodiscard]] std::vector<std::vector<float>> values() const {
+    std::vector<std::vector<float>> v;
+    for (const auto& p : state()) v.emplace_back(p.tensor->f32().begin(), p.tensor->f32().end());
+    return v;
+  }
+};
+
+/// The length of a safetensors file's JSON header: its first 8 bytes, little-endian.
+std::uint64_t header_length(const Bytes& file) {
+  std::uint64_t length = 0;
+  for (int i = 7; i >= 0; --i)
+    length = length << 8 | static_cast<std::uint8_t>(file[static_cast<std::size_t>(i)]);
+  return length;
+}
+
+/// The trained network's state saved with default settings, and the file's bytes.
+struct Saved {
+  Folder folder;
+  const Trained trained;
+  const fs::path path = folder.path / "saved.safetensors";
+  const Bytes bytes = save_and_read(path, trained);
+  static Bytes save_and_read(const fs::path& path, const Trained& trained) {
+    kiln::save_checkpoint(path, trained.state(), {});
+    return read_all(path);
+  }
+};
+
+kiln::Error load_error(const fs::path& p, const Trained& t) {
+  try {
+    (void)kiln::load_checkpoint(p, t.state());
+  } catch (const kiln::Error& e) {
+    return e;
+  }
+  FAIL("the checkpoint was accepted");
+  return kiln::Error("", "");
+}
+
+} // namespace
+
+TEST_CASE("checkpoint: a round trip restores every tensor bit for bit and the position") {
+  Folder folder;
+  const Trained trained;
+  const fs::path path = folder.path / "step.safetensors";
+  kiln::save_checkpoint(path, trained.state(),
+                        {.step = 3, .epoch = 1, .batch = 2, .seed = 42, .metadata = {{"a", "b"}}});
+  Trained other; // the same network and steps, changed below
+  for (const auto& p : other.state())
+    for (float& v : p.tensor->f32()) v = 0.5f;
+  const kiln::CheckpointInfo info = kiln::load_checkpoint(path, other.state());
+  CHECK(other.values() == trained.values());
+  CHECK(info.step == 3);
+  CHECK(info.epoch == 1);
+  CHECK(info.batch == 2);
+  CHECK(info.seed == 42);
+  CHECK(info.metadata.at("a") == "b");
+  const auto state = trained.state(); // optimizer state is in the file too
+  CHECK(std::ranges::any_of(state, [](const auto& p) { return p.name == "lr"; }));
+  CHECK(std::ranges::any_of(state, [](const auto& p) { return p.name.ends_with(".momentum"); }));
+}
+
+TEST_CASE("checkpoint: the file is safetensors: a length, a JSON header, the raw data") {
+  const Saved saved;
+  const Bytes& file = saved.bytes;
+  REQUIRE(file.size() > 8);
+  const std::uint64_t header_bytes = header_length(file);
+  CHECK(header_bytes % 8 == 0);
+  const auto header =
+      nlohmann::json::parse(file.begin() + 8, file.begin() + 8 + static_cast<long>(header_bytes));
+  const std::size_t data = 8 + header_bytes;
+  for (const auto& p : saved.trained.state()) {
+    INFO(p.name);
+    const auto& entry = header.at(p.name);
+    CHECK(entry.at("dtype") == "F32");
+    const auto begin = entry.at("data_offsets")[0].get<std::size_t>();
+    std::vector<float> stored(static_cast<std::size_t>(p.tensor->numel()));
+    std::memcpy(stored.data(), file.data() + data + begin, stored.size() * sizeof(float));
+    CHECK(std::equal(stored.begin(), stored.end(), p.tensor->f32().begin()));
+  }
+  CHECK(header.at("__metadata__").at("format") == "kiln");
+  // Saving again replaces the file whole and leaves no temporary behind.
+  kiln::save_checkpoint(saved.path, saved.trained.state(), {.step = 9});
+  CHECK(std::distance(fs::directory_iterator(saved.folder.path), fs::directory_iterator()) == 1);
+}
+
+TEST_CASE("checkpoint: every truncation, every flipped header byte and data bits are refused") {
+  const Saved saved;
+  const Trained& trained = saved.trained;
+  const Bytes& good = saved.bytes;
+  const std::vector<std::vector<float>> before = trained.values();
+  const fs::path bad = saved.folder.path / "bad.safetensors";
+  for (std::size_t keep = 0; keep < good.size(); keep += 1 + keep / 16) {
+    write_all(bad, Bytes(good.begin(), good.begin() + static_cast<long>(keep)));
+    const kiln::Error e = load_error(bad, trained);
+    INFO("kept " << keep << " of " << good.size() << " bytes: " << e.what());
+    CHECK(e.code().starts_with("kiln.checkpoint."));
+  }
+  const std::size_t data_start = 8 + header_length(good);
+  for (std::size_t at = 0; at < good.size(); at += at < data_start ? 1 : 97) {
+    Bytes flipped = good;
+    flipped[at] = static_cast<char>(flipped[at] ^ 0x10);
+    write_all(bad, flipped);
+    bool refused = false;
+    try {
+      (void)kiln::load_checkpoint(bad, trained.state());
+    } catch (const kiln::Error& e) {
+      refused = e.code().starts_with("kiln.checkpoint.");
+    }
+    INFO("byte " << at << " flipped (the data starts at " << data_start << ")");
+    CHECK(refused);
+  }
+  CHECK(trained.values() == before);
+}
+
+TEST_CASE("checkpoint: another network's checkpoint is refused naming the tensor") {
+  Folder folder;
+  const Trained trained;
+  const fs::path path = folder.path / "other.safetensors";
+  kiln::nn::manual_seed(1);
+  kiln::nn::Linear wider(3, 5);
+  kiln::save_checkpoint(path, wider.parameters(), {});
+  kiln::Error e = load_error(path, trained);
+  CHECK(e.code() == "kiln.checkpoint.mismatch");
+  kiln::nn::Linear narrower(3, 4);
+  std::vector<kiln::nn::Parameter> renamed = narrower.parameters();
+  renamed[0].name = wider.parameters()[0].name;
+  renamed[1].name = wider.parameters()[1].name;
+  try {
+    (void)kiln::load_checkpoint(path, renamed);
+    FAIL("a [5,3] weight loaded into a [4,3] one");
+  } catch (const kiln::Error& err) {
+    CHECK(err.code() == "kiln.checkpoint.mismatch");
+    CHECK(err.message().find("has shape [5,3], the network's is [4,3]") != std::string::npos);
+  }
+  e = load_error(folder.path / "missing.safetensors", trained);
+  CHECK(e.code() == "kiln.checkpoint.io");
+}
