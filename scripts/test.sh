@@ -19,7 +19,8 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=ON -DKILN_BUILD_TESTS=ON
     -DKILN_BUILD_EXAMPLES=ON -DKILN_BUILD_BENCHMARKS=OFF -DKILN_CUDA=OFF)
 fi
-scripts/install_deps.sh dataset-fashion-mnist
+# clang and its runtime libraries build the fuzzers (scripts/fuzz.sh) that the suite runs.
+scripts/install_deps.sh dataset-fashion-mnist clang libclang-rt-14-dev
 scripts/fetch_mnist.sh
 cmake -S . -B "$build" "${flags[@]}" >/dev/null
 cmake --build "$build" -j "$(nproc)"

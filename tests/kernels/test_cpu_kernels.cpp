@@ -150,3 +150,63 @@ TEST_CASE("cpu backend: relu keeps a NaN at every vector position, on every targ
     }
   });
 }
+
+TEST_CASE("cpu backend: max pooling keeps a NaN at every input position, on every target") {
+  struct Case {
+    std::int64_t c, h, w;
+    int kernel, stride, padding;
+    bool channels_last;
+  };
+  // Blocks of row pairs (2x2 over even planes), vector columns of one plane (3x3 stride 2,
+  // padded), and channels-last vectors across channels.
+  const Case cases[] = {{2, 4, 40, 2, 2, 0, false},
+                        {1, 7, 37, 3, 2, 1, false},
+                        {1, 5, 21, 2, 1, 0, false},
+                        {37, 4, 4, 2, 2, 0, true},
+                        {19, 5, 5, 3, 2, 1, true}};
+  kiln::test::for_each_target([&](const kiln::cpu::KernelTable& t) {
+    INFO("target " << std::string(t.target_name));
+    for (const Case& k : cases) {
+      kiln::Pool2dAttrs pool{k.kernel, k.stride, k.padding, k.h, k.w};
+      pool.channels_last = k.channels_last;
+      const kiln::Attrs attrs = pool;
+      const std::int64_t oh = (k.h + 2 * k.padding - k.kernel) / k.stride + 1;
+      const std::int64_t ow = (k.w + 2 * k.padding - k.kernel) / k.stride + 1;
+      const Shape xs = k.channels_last ? Shape{1, k.h, k.w, k.c} : Shape{1, k.c, k.h, k.w};
+      const Shape ys = k.channels_last ? Shape{1, oh, ow, k.c} : Shape{1, k.c, oh, ow};
+      const auto at = [&](std::int64_t c, std::int64_t y, std::int64_t x, std::int64_t width,
+                          std::int64_t height) {
+        return static_cast<std::size_t>(k.channels_last ? (y * width + x) * k.c + c
+                                                        : (c * height + y) * width + x);
+      };
+      for (std::int64_t nan_at = 0; nan_at < xs.numel(); ++nan_at) {
+        std::vector<float> x = kiln::test::random_values(xs.numel(), 5);
+        x[static_cast<std::size_t>(nan_at)] = std::numeric_limits<float>::quiet_NaN();
+        const std::vector<float> y =
+            kiln::test::run_kernel(t, Op::MaxPool2d, {kiln::test::view(x, xs)}, ys, &attrs);
+        INFO(xs.str() << " " << k.kernel << "x" << k.kernel << " stride " << k.stride << " padding "
+                      << k.padding << ", NaN at " << nan_at);
+        // Each window's max over its in-bound taps, NaN when a tap is NaN.
+        std::int64_t wrong = 0;
+        for (std::int64_t c = 0; c < k.c; ++c)
+          for (std::int64_t r = 0; r < oh; ++r)
+            for (std::int64_t q = 0; q < ow; ++q) {
+              float want = -std::numeric_limits<float>::infinity();
+              bool has_nan = false;
+              for (std::int64_t i = r * k.stride - k.padding;
+                   i < r * k.stride - k.padding + k.kernel; ++i)
+                for (std::int64_t j = q * k.stride - k.padding;
+                     j < q * k.stride - k.padding + k.kernel; ++j) {
+                  if (i < 0 || i >= k.h || j < 0 || j >= k.w) continue;
+                  const float v = x[at(c, i, j, k.w, k.h)];
+                  has_nan = has_nan || std::isnan(v);
+                  want = std::isnan(v) ? want : std::max(want, v);
+                }
+              const float got = y[at(c, r, q, ow, oh)];
+              if (has_nan ? !std::isnan(got) : got != want) ++wrong;
+            }
+        CHECK(wrong == 0);
+      }
+    }
+  });
+}

@@ -52,7 +52,7 @@ void for_each_tap(const Shape& x, const Pool2dAttrs& a, std::int64_t oh_n, std::
           }
 }
 
-/// maxpool2d; padding is -inf.
+/// maxpool2d; padding is -inf, and a window with a NaN tap is NaN.
 inline std::vector<float> maxpool2d(const std::vector<float>& x, const Shape& xs,
                                     const Pool2dAttrs& a) {
   const std::int64_t OH = pool_out(xs[2], a), OW = pool_out(xs[3], a);
@@ -60,7 +60,9 @@ inline std::vector<float> maxpool2d(const std::vector<float>& x, const Shape& xs
                        -std::numeric_limits<float>::infinity());
   for_each_tap(xs, a, OH, OW, [&](auto c, auto oh, auto ow, auto ih, auto iw) {
     float& out = y[static_cast<std::size_t>((c * OH + oh) * OW + ow)];
-    out = std::max(out, x[static_cast<std::size_t>((c * xs[2] + ih) * xs[3] + iw)]);
+    const float v = x[static_cast<std::size_t>((c * xs[2] + ih) * xs[3] + iw)];
+    out = std::isnan(out) || std::isnan(v) ? std::numeric_limits<float>::quiet_NaN()
+                                           : std::max(out, v);
   });
   return y;
 }

@@ -161,3 +161,33 @@ TEST_CASE("misuse: with check_finite, the first run whose loss is not finite sto
   CHECK(e.code() == "kiln.runtime.not_finite");
   CHECK(mentions(e, "run 2: output %" + std::to_string(loss.id) + " is nan"));
 }
+
+TEST_CASE("misuse: one NaN pixel makes the loss NaN through relu and max pooling, wherever it "
+          "sits") {
+  kiln::nn::manual_seed(3);
+  kiln::nn::Sequential net = kiln::nn::models::mnist_cnn();
+  kiln::Graph g;
+  const std::int64_t batch = 2;
+  const auto x = g.input("x", {batch, 1, 28, 28});
+  const auto y = g.input("y", {batch}, kiln::i32);
+  const kiln::Value loss = kiln::softmax_cross_entropy(net(x), y);
+  g.mark_output(loss);
+  kiln::Executor exe = kiln::compile(g, {.threads = 2});
+  exe.set_input("y", std::vector<std::int32_t>{3, 7});
+  kiln::Rng rng(4);
+  std::vector<float> images(static_cast<std::size_t>(batch * 784));
+  for (float& v : images) v = rng.uniform(0.0f, 1.0f);
+  exe.set_input("x", images);
+  exe.run();
+  REQUIRE(std::isfinite(exe.scalar(loss)));
+  // Corners, the centre and pixels at every offset of a 16-float vector within a row.
+  for (const std::int64_t pixel : {0, 27, 13 * 28 + 13, 783, 784 + 5 * 28 + 1, 784 + 300, 784 + 301,
+                                   784 + 302, 784 + 303, 784 + 309, 784 + 314}) {
+    std::vector<float> poisoned = images;
+    poisoned[static_cast<std::size_t>(pixel)] = std::numeric_limits<float>::quiet_NaN();
+    exe.set_input("x", poisoned);
+    exe.run();
+    INFO("NaN at pixel " << pixel);
+    CHECK(std::isnan(exe.scalar(loss)));
+  }
+}

@@ -35,7 +35,6 @@ inline std::unique_ptr<std::byte[], AlignedFree> aligned_zeroed(std::size_t byte
 /// graphs refer to them, compiled plans read and update them in place.
 class Tensor {
 public:
-  /// A zero-filled tensor.
   /// A zero-filled tensor; kiln.verify.shape for a dimension < 1 or a size past 2^62 bytes.
   explicit Tensor(Shape shape, DType dtype = DType::f32)
       : shape_(checked(shape, dtype)), dtype_(dtype),

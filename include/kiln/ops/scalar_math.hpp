@@ -2,10 +2,17 @@
 // reference the SIMD kernels are tested against, and their tail loop.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 
+#include "kiln/core/host_device.hpp"
+
 namespace kiln {
+
+/// The larger of a and b, NaN when either is NaN, as PyTorch's max and relu: a NaN never
+/// turns into a number on its way through relu or a max pool, on any target.
+KILN_HOST_DEVICE inline float max_keeping_nan(float a, float b) {
+  return a < b || b != b ? b : a; // b != b only for NaN; std::isnan is not on every device
+}
 
 /// Math policy over plain floats. The SIMD policy (backends/cpu/elementwise-inl.hpp) has
 /// the same member functions over Highway vectors, so one op body serves both.
@@ -16,7 +23,7 @@ struct ScalarMath {
   static V sub(V a, V b) { return a - b; }
   static V mul(V a, V b) { return a * b; }
   static V div(V a, V b) { return a / b; }
-  static V max(V a, V b) { return std::max(a, b); }
+  static V max(V a, V b) { return max_keeping_nan(a, b); }
   static V neg(V a) { return -a; }
   static V exp(V a) { return std::exp(a); }
   static V log(V a) { return std::log(a); }

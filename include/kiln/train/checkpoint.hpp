@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -224,9 +226,13 @@ inline CheckpointInfo load_checkpoint(const std::filesystem::path& path,
     if (!meta.contains(key) || !meta[key].is_string())
       fail(errc::checkpoint_format, name + ": metadata '" + key + "' is missing");
     const std::string& v = meta[key].get_ref<const std::string&>();
-    if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos)
-      fail(errc::checkpoint_format, name + ": metadata '" + key + "' is not a number: " + v);
-    return std::stoull(v);
+    std::uint64_t number = 0;
+    const auto [end, error] = std::from_chars(v.data(), v.data() + v.size(), number);
+    if (v.empty() || error != std::errc() || end != v.data() + v.size() ||
+        number > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      fail(errc::checkpoint_format,
+           name + ": metadata '" + key + "' is not a number below 2^63: " + v.substr(0, 40));
+    return number;
   };
   if (meta_number("kiln.data_bytes") != data_bytes)
     fail(errc::checkpoint_format,

@@ -31,6 +31,12 @@ HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+/// max_keeping_nan lane by lane: the instruction's own max passes one operand's NaN through
+/// and drops the other's.
+template <class V> HWY_INLINE V MaxKeepingNaN(V a, V b) {
+  return hn::IfThenElse(hn::Or(hn::Lt(a, b), hn::IsNaN(b)), b, a);
+}
+
 /// The math policy over Highway vectors; mirrors kiln::ScalarMath member for member.
 template <class D> struct HwyMath {
   using V = hn::Vec<D>;
@@ -40,9 +46,7 @@ template <class D> struct HwyMath {
   static V sub(V a, V b) { return hn::Sub(a, b); }
   static V mul(V a, V b) { return hn::Mul(a, b); }
   static V div(V a, V b) { return hn::Div(a, b); }
-  /// a where !(a < b), as std::max: a NaN in a stays (relu(NaN) is NaN on every lane), where
-  /// the instruction's own max would pass b through.
-  static V max(V a, V b) { return hn::IfThenElse(hn::Lt(a, b), b, a); }
+  static V max(V a, V b) { return MaxKeepingNaN(a, b); }
   static V neg(V a) { return hn::Neg(a); }
   V exp(V a) const { return hn::Exp(d, a); }
   V log(V a) const { return hn::Log(d, a); }

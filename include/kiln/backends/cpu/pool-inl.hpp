@@ -17,6 +17,7 @@
 
 #include <hwy/highway.h>
 
+#include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "kiln/backends/cpu/variants.hpp"
 
@@ -130,7 +131,7 @@ template <bool kMax, int S> inline void PoolPlane(const float* x, float* y, cons
           const float* xr = x + (ih0 + i) * g.W + ow * S - g.p;
           for (std::int64_t j = 0; j < g.k; ++j) {
             const auto v = LoadStrided<S>(d, xr + j);
-            acc = kMax ? hn::Max(acc, v) : hn::Add(acc, v);
+            acc = kMax ? MaxKeepingNaN(acc, v) : hn::Add(acc, v);
           }
         }
         hn::StoreU(kMax ? acc : hn::Mul(acc, hn::Set(d, scale)), d, yr + ow);
@@ -143,7 +144,7 @@ template <bool kMax, int S> inline void PoolPlane(const float* x, float* y, cons
       for (std::int64_t i = kh.lo; i < kh.hi; ++i)
         for (std::int64_t j = kw.lo; j < kw.hi; ++j) {
           const float v = x[(ih0 + i) * g.W + iw0 + j];
-          acc = kMax ? std::max(acc, v) : acc + v;
+          acc = kMax ? max_keeping_nan(acc, v) : acc + v;
         }
       yr[ow] = acc * scale;
     });
@@ -189,16 +190,17 @@ template <bool kMax> inline void PoolRowPairs(const float* x, float* y, const Ge
     for (; i + lanes <= n; i += lanes) {
       hn::Vec<decltype(d)> even, odd;
       hn::LoadInterleaved2(d, in + 2 * i, even, odd);
-      hn::Store(kMax ? hn::Max(even, odd) : hn::Add(even, odd), d, pairs + i);
+      hn::Store(kMax ? MaxKeepingNaN(even, odd) : hn::Add(even, odd), d, pairs + i);
     }
     for (; i < n; ++i)
-      pairs[i] = kMax ? std::max(in[2 * i], in[2 * i + 1]) : in[2 * i] + in[2 * i + 1];
+      pairs[i] = kMax ? max_keeping_nan(in[2 * i], in[2 * i + 1]) : in[2 * i] + in[2 * i + 1];
     float* out = y + first * g.OW;
     for (std::int64_t r = 0; r < count; ++r) {
       const float* top = pairs + 2 * r * g.OW;
       const float* bottom = top + g.OW;
       for (std::int64_t j = 0; j < g.OW; ++j)
-        out[r * g.OW + j] = kMax ? std::max(top[j], bottom[j]) : 0.25f * (top[j] + bottom[j]);
+        out[r * g.OW + j] =
+            kMax ? max_keeping_nan(top[j], bottom[j]) : 0.25f * (top[j] + bottom[j]);
     }
   });
 }
@@ -529,7 +531,7 @@ inline void MaxPoolForwardNhwc(const KernelArgs& args) {
         for (std::int64_t i = kh.lo; i < kh.hi; ++i) {
           const float* xr = xn + ((ih0 + i) * g.W + iw0) * g.C + c;
           for (std::int64_t j = kw.lo; j < kw.hi; ++j)
-            acc = hn::Max(acc, hn::LoadU(d, xr + j * g.C));
+            acc = MaxKeepingNaN(acc, hn::LoadU(d, xr + j * g.C));
         }
         hn::StoreU(acc, d, yr + ow * g.C + c);
       });

@@ -4,10 +4,12 @@
 
 #include <cuda_runtime.h>
 
+#include "kiln/ops/scalar_math.hpp"
+
 namespace kiln::cuda {
 
 /// Mirrors kiln::ScalarMath member for member, with the same IEEE behaviour: max keeps a NaN
-/// first operand as std::max does, rsqrt divides (no approximate rsqrtf).
+/// of either operand (max_keeping_nan, not fmaxf), rsqrt divides (no approximate rsqrtf).
 struct DeviceMath {
   using V = float;
   __device__ static V zero() { return 0.0f; }
@@ -15,7 +17,7 @@ struct DeviceMath {
   __device__ static V sub(V a, V b) { return a - b; }
   __device__ static V mul(V a, V b) { return a * b; }
   __device__ static V div(V a, V b) { return a / b; }
-  __device__ static V max(V a, V b) { return a < b ? b : a; }
+  __device__ static V max(V a, V b) { return max_keeping_nan(a, b); }
   __device__ static V neg(V a) { return -a; }
   __device__ static V exp(V a) { return expf(a); }
   __device__ static V log(V a) { return logf(a); }

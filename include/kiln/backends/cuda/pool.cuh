@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "kiln/backends/cuda/launch.cuh"
+#include "kiln/ops/scalar_math.hpp"
 
 namespace kiln::cuda {
 
@@ -112,8 +113,8 @@ __device__ inline std::int64_t first_max_pixel(const float* __restrict__ xg, con
 }
 
 /// y = the max (kMax) or the mean of each window, one thread per output element. The max
-/// starts at -inf and keeps the old value unless a tap compares greater (std::max, as the CPU's
-/// scalar path and the reference): NaN taps are skipped. The mean is the sum of the in-bound
+/// starts at -inf and takes each tap through max_keeping_nan, as the CPU kernels: a NaN tap
+/// makes the window's max NaN. The mean is the sum of the in-bound
 /// taps in row-major order times 1/(k*k); with `pair_sums` (2x2 windows, where the CPU adds
 /// horizontal pairs first) it is (a0 + a1) + (b0 + b1) instead, for the same rounding.
 template <bool kMax, bool channels_last>
@@ -135,7 +136,7 @@ __global__ void pool_forward_kernel(const float* __restrict__ x, float* __restri
         for (std::int64_t c = kw.lo; c < kw.hi; ++c) {
           const float v = xg[((ih0 + r) * g.w + iw0 + c) * step];
           if constexpr (kMax) {
-            acc = acc < v ? v : acc;
+            acc = max_keeping_nan(acc, v);
           } else {
             acc += v;
           }

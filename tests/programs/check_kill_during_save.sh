@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# A kill -9 at random moments during checkpoint saves never leaves a checkpoint that does not
+# load: each round starts `STRESS write DIR` (saving steps 1, 2, ... over one file), waits for
+# its first save, kills it 0-40 ms later and runs `STRESS check DIR`, which must load the file
+# and find every element as the step it names wrote it. The folder is kept from round to round,
+# so every save and load also runs beside the temporary file a killed save left behind.
+#   check_kill_during_save.sh STRESS_PROGRAM [ROUNDS=200]
+set -euo pipefail
+program="$1" rounds="${2:-200}"
+work="$(mktemp -d)"
+writer=""
+cleanup() {
+  if [[ -n "$writer" ]]; then kill -9 "$writer" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+dir="$work/checkpoints"
+mkdir "$dir"
+fifo="$work/stdout"
+mkfifo "$fifo"
+
+failures=0 mid_save=0 highest=0 previous=""
+declare -A steps=()
+for ((round = 1; round <= rounds; ++round)); do
+  "$program" write "$dir" >"$fifo" 2>&1 &
+  writer=$!
+  exec 3<"$fifo"
+  line=""
+  read -r -t 10 -u 3 line || true
+  if [[ "$line" != saved ]]; then
+    echo "FAIL: round $round: the writer did not print \"saved\" (it ended, or took over 10 s): $line"
+    kill -9 "$writer" 2>/dev/null || true
+    wait "$writer" 2>/dev/null || true
+    writer=""
+    exec 3<&-
+    failures=$((failures + 1))
+    continue
+  fi
+  sleep "0.0$(printf '%02d' $((RANDOM % 41)))"
+  kill -9 "$writer"
+  wait "$writer" 2>/dev/null || true
+  pid=$writer writer=""
+  exec 3<&-
+
+  # save_checkpoint writes DIR/.checkpoint.safetensors.tmp<pid> and renames it into place, so
+  # a temporary file of this writer's means the kill landed between its open and its rename.
+  # Nothing ever removes such a file (each killed process leaves one of its own name), so this
+  # script does: it keeps the one from the round before, for this round's save and load to run
+  # beside, and removes older ones; a writer that left more than one would fail here.
+  shopt -s nullglob dotglob
+  temporaries=("$dir"/.checkpoint.safetensors.tmp*)
+  shopt -u nullglob dotglob
+  ours=0
+  for t in "${temporaries[@]}"; do
+    if [[ "$t" == "$dir/.checkpoint.safetensors.tmp$pid" ]]; then
+      ours=1
+    elif [[ "$t" != "$dir/.checkpoint.safetensors.tmp$previous" ]]; then
+      echo "FAIL: round $round: an unexpected temporary file $(basename "$t")"
+      failures=$((failures + 1))
+    fi
+  done
+  mid_save=$((mid_save + ours))
+
+  if output="$("$program" check "$dir" 2>&1)"; then
+    step="${output#ok step }"
+    steps[$step]=1
+    if ((step > highest)); then highest=$step; fi
+  else
+    echo "FAIL: round $round: $output"
+    failures=$((failures + 1))
+  fi
+  if [[ -n "$previous" ]]; then rm -f "$dir/.checkpoint.safetensors.tmp$previous"; fi
+  previous=""
+  if ((ours)); then previous=$pid; fi
+done
+
+if ((failures > 0)); then
+  echo "FAIL: $failures of $rounds rounds failed ($mid_save kills landed inside a save)"
+  exit 1
+fi
+echo "ok: $rounds kills during saves, every checkpoint loaded (steps up to $highest," \
+  "${#steps[@]} distinct; $mid_save kills left a temporary file, so landed inside a save)"
