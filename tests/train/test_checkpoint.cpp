@@ -203,3 +203,25 @@ TEST_CASE("checkpoint: another network's checkpoint is refused naming the tensor
   e = load_error(folder.path / "missing.safetensors", trained);
   CHECK(e.code() == "kiln.checkpoint.io");
 }
+
+TEST_CASE("checkpoint: a data size past 2^63 in the metadata is a format error, not an exception") {
+  const Saved saved;
+  const std::uint64_t length = header_length(saved.bytes);
+  const auto data = saved.bytes.begin() + 8 + static_cast<long>(length);
+  const auto header = nlohmann::json::parse(saved.bytes.begin() + 8, data);
+  // The data size is read before the checksum is checked, so a hostile one reaches the parser.
+  for (const char* number : {"99999999999999999999", "9223372036854775808", "-1", "1e3"}) {
+    auto changed = header;
+    changed["__metadata__"]["kiln.data_bytes"] = number;
+    std::string text = changed.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    std::string file(8, '\0');
+    for (std::size_t i = 0; i < 8; ++i) file[i] = static_cast<char>(text.size() >> (8 * i));
+    file += text;
+    file.append(data, saved.bytes.end());
+    const fs::path bad = saved.folder.path / "number.safetensors";
+    write_all(bad, Bytes(file.begin(), file.end()));
+    INFO("kiln.data_bytes = " << number);
+    CHECK(load_error(bad, saved.trained).code() == "kiln.checkpoint.format");
+  }
+}
