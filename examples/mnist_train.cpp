@@ -134,11 +134,10 @@ std::vector<std::filesystem::path> checkpoints_in(const std::string& dir) {
   return found;
 }
 
-/// Writes the step's state after `done` steps and keeps only the newest `keep` checkpoints.
-void save_checkpoint(const Options& o, kiln::Executor& step,
-                     const std::vector<kiln::nn::Parameter>& state,
+/// Writes the training state at `info` and keeps only the newest `keep` checkpoints. On a GPU,
+/// the host copies of the parameters must be current (Executor::download_params).
+void save_checkpoint(const Options& o, const std::vector<kiln::nn::Parameter>& state,
                      const kiln::CheckpointInfo& info) {
-  step.download_params(); // a GPU's parameters come home first
   kiln::save_checkpoint(checkpoint_path(o.save, info.step), state, info);
   std::vector<std::filesystem::path> all = checkpoints_in(o.save);
   for (std::size_t i = 0; i + static_cast<std::size_t>(o.keep) < all.size(); ++i)
@@ -356,16 +355,18 @@ int run(const Options& o) {
       progress.update(b + 1 - first, detail);
       const std::int64_t done = epoch * steps_per_epoch + b + 1;
       if (!o.save.empty() && o.save_every > 0 && done % o.save_every == 0 &&
-          b + 1 < steps_per_epoch)
-        save_checkpoint(o, step, state,
+          b + 1 < steps_per_epoch) {
+        step.download_params();
+        save_checkpoint(o, state,
                         {.step = done, .epoch = epoch, .batch = b + 1, .seed = start.seed});
+      }
     }
     progress.finish();
     step.download_params();
     eval.upload_params();
     if (!o.save.empty())
       save_checkpoint(
-          o, step, state,
+          o, state,
           {.step = (epoch + 1) * steps_per_epoch, .epoch = epoch + 1, .seed = start.seed});
     const std::int64_t steps_run = steps_per_epoch - first;
     Epoch e{.number = epoch + 1,

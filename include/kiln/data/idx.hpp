@@ -1,9 +1,6 @@
 // IDX file reader (the MNIST container format), plain or gzip, hardened against bad files.
 #pragma once
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -18,6 +15,7 @@
 #include <vector>
 
 #include "kiln/core/error.hpp"
+#include "kiln/core/regular_file.hpp"
 #include "kiln/core/shape.hpp"
 
 namespace kiln::data {
@@ -41,23 +39,10 @@ namespace detail {
 class IdxSource {
 public:
   explicit IdxSource(const std::filesystem::path& path) : path_(path) {
-    // Opened without blocking and checked on the descriptor itself, so that neither a FIFO
-    // nor a file swapped in after a check can make the open wait forever.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) fail(errc::io, name() + ": cannot open: " + std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      const bool directory = S_ISDIR(st.st_mode);
-      ::close(fd);
-      fail(errc::io, name() + (directory ? ": is a directory"
-                                         : ": is not a regular file (a FIFO, socket or device)"));
-    }
-    std::FILE* f = ::fdopen(fd, "rb");
-    if (!f) {
-      ::close(fd);
-      fail(errc::io, name() + ": cannot open: " + std::strerror(errno));
-    }
-    file_.reset(f);
+    RegularFile opened = open_regular_file(path, errc::io);
+    file_size_ = opened.size;
+    file_ = std::move(opened.file);
+    std::FILE* f = file_.get();
     unsigned char head[2] = {0, 0};
     const std::size_t got = std::fread(head, 1, 2, f);
     if (std::ferror(f)) fail(errc::io, name() + ": read error: " + std::strerror(errno));
@@ -69,7 +54,6 @@ public:
         fail(errc::io, name() + ": cannot start a gzip stream");
       input_.resize(std::size_t{1} << 17);
     }
-    file_size_ = static_cast<std::uint64_t>(st.st_size);
   }
   IdxSource(const IdxSource&) = delete;
   IdxSource& operator=(const IdxSource&) = delete;
@@ -136,12 +120,8 @@ private:
     return total;
   }
 
-  struct FileClose {
-    void operator()(std::FILE* f) const { std::fclose(f); }
-  };
-
   std::filesystem::path path_;
-  std::unique_ptr<std::FILE, FileClose> file_;
+  std::unique_ptr<std::FILE, RegularFile::Close> file_;
   std::unique_ptr<z_stream> stream_;
   std::vector<unsigned char> input_;
   std::uint64_t file_size_ = 0;

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/error.hpp"
+#include "kiln/core/regular_file.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/train/train_step.hpp"
@@ -183,17 +184,11 @@ inline void save_checkpoint(const std::filesystem::path& path,
 inline CheckpointInfo load_checkpoint(const std::filesystem::path& path,
                                       std::span<const nn::Parameter> tensors) {
   const std::string name = path.string();
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (!std::filesystem::is_regular_file(status))
-    fail(errc::checkpoint_io, name + ": no checkpoint (not a regular file)");
-  const std::uint64_t size = std::filesystem::file_size(path, ec);
-  if (ec) fail(errc::checkpoint_io, name + ": cannot stat: " + ec.message());
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
-                                                       &std::fclose);
-  if (!file) fail(errc::checkpoint_io, name + ": cannot open: " + std::strerror(errno));
+  const RegularFile opened = open_regular_file(path, errc::checkpoint_io);
+  const std::uint64_t size = opened.size;
+  std::FILE* const file = opened.file.get();
   const auto read = [&](void* into, std::size_t bytes, const char* what) {
-    if (std::fread(into, 1, bytes, file.get()) != bytes)
+    if (std::fread(into, 1, bytes, file) != bytes)
       fail(errc::checkpoint_format, name + ": the file ends inside its " + std::string(what));
   };
 
