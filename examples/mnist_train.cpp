@@ -2,12 +2,14 @@
 // digits and reports accuracy; `mnist_train --help` lists its flags.
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -132,6 +134,44 @@ std::vector<std::filesystem::path> checkpoints_in(const std::string& dir) {
   }
   std::sort(found.begin(), found.end());
   return found;
+}
+
+/// The settings a checkpoint records, so that a resumed run can be checked against them: those
+/// that decide what the saved position means (model, batch, training set) must match; the
+/// optimizer's may change, with a notice.
+std::map<std::string, std::string> run_settings(const Options& o, std::int64_t train_images) {
+  const auto number = [](double v) { // the shortest text that reads back as v
+    char text[32];
+    return std::string(text, std::to_chars(text, text + sizeof text, v).ptr);
+  };
+  return {{"mnist_train.model", o.model},
+          {"mnist_train.batch", std::to_string(o.batch)},
+          {"mnist_train.train_images", std::to_string(train_images)},
+          {"mnist_train.lr", number(o.lr)},
+          {"mnist_train.lr_decay", number(o.lr_decay)},
+          {"mnist_train.momentum", number(o.momentum)}};
+}
+
+/// Refuses to resume `file` with another model, batch or training set than it was written
+/// with, and says which optimizer settings differ.
+void check_resumed_settings(const std::filesystem::path& file,
+                            const std::map<std::string, std::string>& saved,
+                            const std::map<std::string, std::string>& now) {
+  for (const auto& [key, value] : now) {
+    const auto found = saved.find(key);
+    if (found == saved.end())
+      kiln::fail(kiln::errc::argument, "--resume: " + file.string() + " was not written by " +
+                                           "mnist_train (its metadata has no " + key + ")");
+    if (found->second == value) continue;
+    const std::string setting = key.substr(key.find('.') + 1);
+    const std::string change =
+        setting + " " + found->second + " in the checkpoint, " + value + " on this command line";
+    if (setting == "model" || setting == "batch" || setting == "train_images")
+      kiln::fail(kiln::errc::argument,
+                 "--resume: " + file.string() + ": " + change +
+                     " (the saved position counts batches of that model and data)");
+    std::fprintf(stderr, "note: resuming with %s\n", change.c_str());
+  }
 }
 
 /// Writes the training state at `info` and keeps only the newest `keep` checkpoints. On a GPU,
@@ -275,12 +315,15 @@ int run(const Options& o) {
       kiln::optim::SGD{.lr = static_cast<float>(o.lr), .momentum = static_cast<float>(o.momentum)});
   const std::vector<kiln::nn::Parameter> state = kiln::training_state(net, training);
   const int epochs = o.smoke ? 1 : o.epochs;
+  const std::map<std::string, std::string> settings = run_settings(o, train.count);
   kiln::CheckpointInfo start{.seed = o.seed};
   if (!o.resume.empty()) {
     const std::vector<std::filesystem::path> found = checkpoints_in(o.resume);
     if (found.empty())
       kiln::fail(kiln::errc::argument,
                  "--resume: no checkpoint (step-*.safetensors) in '" + o.resume + "'");
+    check_resumed_settings(found.back(), kiln::read_checkpoint_info(found.back()).metadata,
+                           settings);
     start = kiln::load_checkpoint(found.back(), state);
     if (start.epoch >= epochs)
       kiln::fail(kiln::errc::argument, "--resume: " + found.back().string() + " ends epoch " +
@@ -358,16 +401,22 @@ int run(const Options& o) {
           b + 1 < steps_per_epoch) {
         step.download_params();
         save_checkpoint(o, state,
-                        {.step = done, .epoch = epoch, .batch = b + 1, .seed = start.seed});
+                        {.step = done,
+                         .epoch = epoch,
+                         .batch = b + 1,
+                         .seed = start.seed,
+                         .metadata = settings});
       }
     }
     progress.finish();
     step.download_params();
     eval.upload_params();
     if (!o.save.empty())
-      save_checkpoint(
-          o, state,
-          {.step = (epoch + 1) * steps_per_epoch, .epoch = epoch + 1, .seed = start.seed});
+      save_checkpoint(o, state,
+                      {.step = (epoch + 1) * steps_per_epoch,
+                       .epoch = epoch + 1,
+                       .seed = start.seed,
+                       .metadata = settings});
     const std::int64_t steps_run = steps_per_epoch - first;
     Epoch e{.number = epoch + 1,
             .learning_rate = training.learning_rate(),

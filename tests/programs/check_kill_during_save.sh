@@ -3,7 +3,8 @@
 # load: each round starts `STRESS write DIR` (saving steps 1, 2, ... over one file), waits for
 # its first save, kills it 0-40 ms later and runs `STRESS check DIR`, which must load the file
 # and find every element as the step it names wrote it. The folder is kept from round to round,
-# so every save and load also runs beside the temporary file a killed save left behind.
+# so every load runs beside the temporary file a killed save left behind, and every writer's
+# first save must remove it.
 #   check_kill_during_save.sh STRESS_PROGRAM [ROUNDS=200]
 set -euo pipefail
 program="$1" rounds="${2:-200}"
@@ -19,7 +20,7 @@ mkdir "$dir"
 fifo="$work/stdout"
 mkfifo "$fifo"
 
-failures=0 mid_save=0 highest=0 previous=""
+failures=0 mid_save=0 highest=0
 declare -A steps=()
 for ((round = 1; round <= rounds; ++round)); do
   "$program" write "$dir" >"$fifo" 2>&1 &
@@ -42,23 +43,26 @@ for ((round = 1; round <= rounds; ++round)); do
   pid=$writer writer=""
   exec 3<&-
 
-  # save_checkpoint writes DIR/.checkpoint.safetensors.tmp<pid> and renames it into place, so
-  # a temporary file of this writer's means the kill landed between its open and its rename.
-  # Nothing ever removes such a file (each killed process leaves one of its own name), so this
-  # script does: it keeps the one from the round before, for this round's save and load to run
-  # beside, and removes older ones; a writer that left more than one would fail here.
+  # save_checkpoint writes DIR/.checkpoint.safetensors.tmp<pid>.<n> and renames it into place,
+  # so a temporary file of this writer's means the kill landed between its open and its rename.
+  # Each save first removes those whose process is gone, so the killed writer's first save
+  # removed the one the writer before it left: only this writer's may remain, one at most.
   shopt -s nullglob dotglob
   temporaries=("$dir"/.checkpoint.safetensors.tmp*)
   shopt -u nullglob dotglob
   ours=0
   for t in "${temporaries[@]}"; do
-    if [[ "$t" == "$dir/.checkpoint.safetensors.tmp$pid" ]]; then
-      ours=1
-    elif [[ "$t" != "$dir/.checkpoint.safetensors.tmp$previous" ]]; then
-      echo "FAIL: round $round: an unexpected temporary file $(basename "$t")"
+    if [[ "$t" == "$dir/.checkpoint.safetensors.tmp$pid."* ]]; then
+      ours=$((ours + 1))
+    else
+      echo "FAIL: round $round: $(basename "$t") was left by an earlier writer"
       failures=$((failures + 1))
     fi
   done
+  if ((ours > 1)); then
+    echo "FAIL: round $round: the killed writer left $ours temporary files"
+    failures=$((failures + 1))
+  fi
   mid_save=$((mid_save + ours))
 
   if output="$("$program" check "$dir" 2>&1)"; then
@@ -69,9 +73,6 @@ for ((round = 1; round <= rounds; ++round)); do
     echo "FAIL: round $round: $output"
     failures=$((failures + 1))
   fi
-  if [[ -n "$previous" ]]; then rm -f "$dir/.checkpoint.safetensors.tmp$previous"; fi
-  previous=""
-  if ((ours)); then previous=$pid; fi
 done
 
 if ((failures > 0)); then

@@ -32,4 +32,31 @@ for threads in 1 2; do
     fi
   done
 done
+
+# A checkpoint resumes only the run it came from: another model, batch or training set is
+# refused before any weight is read; another learning rate is allowed and said.
+saved="$work/threads1/stopped"
+refused() { # EXPECTED-MESSAGE ARGS...
+  local expected="$1" out
+  shift
+  if out="$("$program" --data "$data" --epochs 4 --resume "$saved" "$@" 2>&1 >/dev/null)"; then
+    echo "FAIL: resuming with $* was accepted"
+    status=1
+  elif [[ "$out" != *"$expected"* ]]; then
+    echo "FAIL: resuming with $* said: $out"
+    status=1
+  else
+    echo "ok: resuming with $* is refused: $expected"
+  fi
+}
+refused "model lenet5 in the checkpoint, mnist_cnn on this command line" --model mnist_cnn
+refused "batch 64 in the checkpoint, 32 on this command line" --model lenet5 --batch 32
+note="$("$program" --data "$data" --model lenet5 --lr 0.02 --epochs 4 --resume "$saved" \
+  --threads 1 2>&1 >/dev/null)"
+if [[ "$note" == *"note: resuming with lr 0.05 in the checkpoint, 0.02"* ]]; then
+  echo "ok: resuming with another learning rate says so"
+else
+  echo "FAIL: resuming with another learning rate said: $note"
+  status=1
+fi
 exit "$status"

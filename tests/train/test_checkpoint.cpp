@@ -2,12 +2,17 @@
 // file is plain safetensors, and a truncated, bit-flipped or foreign file is refused, naming
 // what was wrong, without touching the tensors.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -224,4 +229,98 @@ TEST_CASE("checkpoint: a data size past 2^63 in the metadata is a format error, 
     INFO("kiln.data_bytes = " << number);
     CHECK(load_error(bad, saved.trained).code() == "kiln.checkpoint.format");
   }
+}
+
+TEST_CASE("checkpoint: a model's weights are read from a training checkpoint only when asked") {
+  const Saved saved;
+  Trained fresh;
+  for (const auto& p : fresh.state())
+    for (float& v : p.tensor->f32()) v = 0.5f;
+  const std::vector<kiln::nn::Parameter> weights = kiln::model_state(fresh.net);
+  const kiln::Error strict = [&] {
+    try {
+      (void)kiln::load_checkpoint(saved.path, weights);
+    } catch (const kiln::Error& e) {
+      return e;
+    }
+    FAIL("the optimizer's tensors in the file were ignored without asking");
+    return kiln::Error("", "");
+  }();
+  CHECK(strict.code() == "kiln.checkpoint.mismatch");
+  CHECK(strict.message().find("skip_unlisted") != std::string::npos);
+  CHECK(fresh.net.parameters()[0].tensor->f32()[0] == 0.5f); // refused before any write
+
+  (void)kiln::load_checkpoint(saved.path, weights, {.skip_unlisted = true});
+  const auto trained_weights = kiln::model_state(saved.trained.net);
+  REQUIRE(weights.size() == trained_weights.size());
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    INFO(weights[i].name);
+    CHECK(std::ranges::equal(weights[i].tensor->f32(), trained_weights[i].tensor->f32()));
+  }
+  for (const auto& p : fresh.state()) // the optimizer's state is left as it was
+    if (p.name.ends_with(".momentum")) CHECK(p.tensor->f32()[0] == 0.5f);
+
+  // Skipping what is not asked for never forgives what is asked for and missing.
+  kiln::nn::manual_seed(1);
+  kiln::nn::Linear other(3, 5);
+  std::vector<kiln::nn::Parameter> asked = weights;
+  asked.push_back(other.parameters()[0]);
+  asked.back().name = "not.in.the.file";
+  try {
+    (void)kiln::load_checkpoint(saved.path, asked, {.skip_unlisted = true});
+    FAIL("a tensor missing from the file was accepted");
+  } catch (const kiln::Error& e) {
+    CHECK(e.code() == "kiln.checkpoint.mismatch");
+    CHECK(e.message().find("has no tensor 'not.in.the.file'") != std::string::npos);
+  }
+}
+
+TEST_CASE("checkpoint: a save removes what killed saves left, and only theirs") {
+  const Saved saved;
+  // A process id that existed and is gone: a child that has exited and been reaped.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) ::_exit(0);
+  REQUIRE(::waitpid(child, nullptr, 0) == child);
+  const std::string prefix = ".saved.safetensors.tmp";
+  const fs::path dead = saved.folder.path / (prefix + std::to_string(child) + ".0");
+  const fs::path live = saved.folder.path / (prefix + std::to_string(::getpid()) + ".77");
+  const fs::path other_file =
+      saved.folder.path / (".other.safetensors.tmp" + std::to_string(child) + ".0");
+  const fs::path not_ours = saved.folder.path / (prefix + "notapid");
+  for (const fs::path& p : {dead, live, other_file, not_ours}) write_all(p, Bytes(16, 'x'));
+  kiln::save_checkpoint(saved.path, saved.trained.state(), {.step = 1});
+  CHECK_FALSE(fs::exists(dead));
+  CHECK(fs::exists(live));       // its writer may still rename it
+  CHECK(fs::exists(other_file)); // another checkpoint's save cleans up its own
+  CHECK(fs::exists(not_ours));
+  CHECK(kiln::load_checkpoint(saved.path, saved.trained.state()).step == 1);
+}
+
+TEST_CASE("checkpoint: threads saving and loading at once each get whole files") {
+  const Saved saved;
+  std::vector<std::unique_ptr<Trained>> copies; // built here: the layers' seed is global
+  for (int t = 0; t < 4; ++t) copies.push_back(std::make_unique<Trained>());
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        Trained& copy = *copies[static_cast<std::size_t>(t)];
+        for (int i = 0; i < 10; ++i) {
+          // Two threads share each path, so saves of one file race one another.
+          kiln::save_checkpoint(saved.folder.path / ("shared" + std::to_string(t % 2)),
+                                saved.trained.state(), {.step = t});
+          const auto info = kiln::load_checkpoint(
+              saved.folder.path / ("shared" + std::to_string(t % 2)), copy.state());
+          if (info.step % 2 != t % 2 || copy.values() != saved.trained.values()) ++failures;
+        }
+      } catch (const kiln::Error&) {
+        ++failures;
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  CHECK(failures == 0);
+  for (const auto& entry : fs::directory_iterator(saved.folder.path)) // no temporaries remain
+    CHECK_FALSE(entry.path().filename().string().starts_with("."));
 }
