@@ -14,7 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "kiln/dist/data_parallel.hpp"
 #include "kiln/kiln.hpp"
+#ifdef KILN_WITH_MPI
+#include "kiln/dist/mpi.hpp"
+#endif
 #include "kiln_tools/command_line.hpp"
 #include "kiln_tools/json_output.hpp"
 #include "kiln_tools/progress.hpp"
@@ -49,6 +53,8 @@ struct Options {
   std::int64_t save_every = 0;
   int keep = 3;
   std::string resume;
+  bool distributed = false;
+  double collective_timeout = 120.0;
 };
 
 const std::array<std::string, 3> model_names = {"mnist_cnn", "lenet5", "small_resnet"};
@@ -111,6 +117,13 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(kiln::tools::integer_in(0, 1 << 30));
   app.add_option("--keep", o.keep, "with --save, how many of the newest checkpoints to keep")
       ->check(kiln::tools::integer_in(1, 100000));
+  app.add_flag("--distributed", o.distributed,
+               "data-parallel training over MPI: run under mpirun -np N; every step trains on "
+               "N x --batch images, --batch of them on each rank, and averages the gradients");
+  app.add_option("--collective-timeout", o.collective_timeout,
+                 "with --distributed, seconds an all-reduce may take before a dead or hung rank "
+                 "is reported")
+      ->check(CLI::Range(0.1, 86400.0));
   app.add_option("--resume", o.resume,
                  "continue from the newest checkpoint in this folder: the same steps, batches "
                  "and weights as a run that never stopped (on the same thread count)");
@@ -139,13 +152,15 @@ std::vector<std::filesystem::path> checkpoints_in(const std::string& dir) {
 /// The settings a checkpoint records, so that a resumed run can be checked against them: those
 /// that decide what the saved position means (model, batch, training set) must match; the
 /// optimizer's may change, with a notice.
-std::map<std::string, std::string> run_settings(const Options& o, std::int64_t train_images) {
+std::map<std::string, std::string> run_settings(const Options& o, std::int64_t train_images,
+                                                int ranks) {
   const auto number = [](double v) { // the shortest text that reads back as v
     char text[32];
     return std::string(text, std::to_chars(text, text + sizeof text, v).ptr);
   };
   return {{"mnist_train.model", o.model},
           {"mnist_train.batch", std::to_string(o.batch)},
+          {"mnist_train.ranks", std::to_string(ranks)},
           {"mnist_train.train_images", std::to_string(train_images)},
           {"mnist_train.lr", number(o.lr)},
           {"mnist_train.lr_decay", number(o.lr_decay)},
@@ -166,7 +181,8 @@ void check_resumed_settings(const std::filesystem::path& file,
     const std::string setting = key.substr(key.find('.') + 1);
     const std::string change =
         setting + " " + found->second + " in the checkpoint, " + value + " on this command line";
-    if (setting == "model" || setting == "batch" || setting == "train_images")
+    if (setting == "model" || setting == "batch" || setting == "ranks" ||
+        setting == "train_images")
       kiln::fail(kiln::errc::argument,
                  "--resume: " + file.string() + ": " + change +
                      " (the saved position counts batches of that model and data)");
@@ -193,11 +209,16 @@ kiln::nn::Sequential make_model(const std::string& name) {
              "unknown model '" + name + "' (mnist_cnn, lenet5 or small_resnet)");
 }
 
-/// Test accuracy in percent, evaluated in batches of `batch` (the last one zero-padded).
+/// Test accuracy in percent, evaluated in batches of `batch` (the last one zero-padded); with
+/// `world`, each rank evaluates its share of every batch and the counts are summed.
 double evaluate(kiln::Executor& exe, kiln::Value logits, const kiln::data::Dataset& test,
-                std::int64_t batch, kiln::data::Normalization normalization) {
-  kiln::data::BatchLoader loader(
-      test, {.batch_size = batch, .shuffle = false, .normalization = normalization});
+                std::int64_t batch, kiln::data::Normalization normalization,
+                kiln::Communicator* world) {
+  kiln::data::BatchLoader loader(test, {.batch_size = batch,
+                                        .shuffle = false,
+                                        .normalization = normalization,
+                                        .rank = world ? world->rank() : 0,
+                                        .ranks = world ? world->size() : 1});
   std::vector<float> images(static_cast<std::size_t>(loader.batch_image_elements()));
   std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
   std::int64_t correct = 0;
@@ -207,7 +228,9 @@ double evaluate(kiln::Executor& exe, kiln::Value logits, const kiln::data::Datas
     exe.run();
     correct += kiln::count_correct(exe.output(logits), labels, real, 10);
   }
-  return 100.0 * static_cast<double>(correct) / static_cast<double>(test.count);
+  std::vector<double> total{static_cast<double>(correct)};
+  if (world) world->sum(total);
+  return 100.0 * total[0] / static_cast<double>(test.count);
 }
 
 /// One epoch's results, for the console, the JSON history and the plot.
@@ -266,7 +289,24 @@ void write_dot(const kiln::Executor& step, const std::string& path) {
   std::printf("wrote %s (render: dot -Tsvg %s -o step.svg)\n", path.c_str(), path.c_str());
 }
 
+/// The ranks mpirun started, or a clear error where this program was built without MPI.
+std::shared_ptr<kiln::Communicator> start_world(const Options& o) {
+#ifdef KILN_WITH_MPI
+  return kiln::dist::Mpi::start({.timeout_seconds = o.collective_timeout});
+#else
+  (void)o;
+  kiln::fail(kiln::errc::dist_unavailable,
+             "--distributed: this mnist_train was built without MPI (Debian: apt-get install "
+             "libopenmpi-dev openmpi-bin, then configure and build again)");
+#endif
+}
+
 int run(const Options& o) {
+  const std::shared_ptr<kiln::Communicator> world = o.distributed ? start_world(o) : nullptr;
+  const int rank = world ? world->rank() : 0, ranks = world ? world->size() : 1;
+  // Rank 0 reports and writes files; the others train in silence (errors still reach stderr).
+  if (rank != 0 && !std::freopen("/dev/null", "w", stdout))
+    kiln::fail(kiln::errc::io, "cannot silence rank " + std::to_string(rank));
   // Everything that could fail after training is checked first.
   const kiln::tools::JsonOutput json(o.json);
   if (kiln::tools::is_svg(o.dot)) kiln::tools::require_program("dot", "graphviz", "--dot");
@@ -284,7 +324,10 @@ int run(const Options& o) {
   std::printf("kiln mnist_train: %lld train / %lld test images from %s\n",
               static_cast<long long>(train.count), static_cast<long long>(test.count),
               o.data.c_str());
-  const std::int64_t full_batches = train.count / o.batch;
+  if (ranks > 1)
+    std::printf("data parallel: %d ranks x %d images = %lld images per step\n", ranks, o.batch,
+                static_cast<long long>(o.batch) * ranks);
+  const std::int64_t full_batches = train.count / (static_cast<std::int64_t>(o.batch) * ranks);
   const std::int64_t steps_per_epoch =
       o.smoke ? std::min<std::int64_t>(30, full_batches) : full_batches;
   const std::int64_t least_steps = o.smoke ? 10 : 1;
@@ -300,7 +343,7 @@ int run(const Options& o) {
 
   if (o.smoke && !o.resume.empty())
     kiln::fail(kiln::errc::argument, "--resume: not with --smoke, whose 30 steps judge the loss");
-  if (!o.save.empty()) {
+  if (!o.save.empty() && rank == 0) {
     std::error_code ec;
     std::filesystem::create_directories(o.save, ec);
     if (ec)
@@ -312,10 +355,14 @@ int run(const Options& o) {
   const auto loss = kiln::softmax_cross_entropy(net(x), y);
   const kiln::TrainStep training = kiln::train_step(
       loss, net.parameters(),
-      kiln::optim::SGD{.lr = static_cast<float>(o.lr), .momentum = static_cast<float>(o.momentum)});
+      kiln::optim::SGD{.lr = static_cast<float>(o.lr), .momentum = static_cast<float>(o.momentum)},
+      {.communicator = world});
   const std::vector<kiln::nn::Parameter> state = kiln::training_state(net, training);
   const int epochs = o.smoke ? 1 : o.epochs;
-  const std::map<std::string, std::string> settings = run_settings(o, train.count);
+  const std::map<std::string, std::string> settings = run_settings(o, train.count, ranks);
+  // What must be the same on every rank: the batchnorm statistics are each rank's own.
+  std::vector<kiln::nn::Parameter> shared = net.parameters();
+  shared.insert(shared.end(), training.optimizer.tensors.begin(), training.optimizer.tensors.end());
   kiln::CheckpointInfo start{.seed = o.seed};
   if (!o.resume.empty()) {
     const std::vector<std::filesystem::path> found = checkpoints_in(o.resume);
@@ -333,6 +380,10 @@ int run(const Options& o) {
                 found.back().c_str(), static_cast<long long>(start.step),
                 static_cast<long long>(start.epoch + 1), static_cast<long long>(start.batch),
                 static_cast<unsigned long long>(start.seed));
+  }
+  if (world) { // every rank starts from rank 0's weights (its initialisation or checkpoint)
+    kiln::dist::broadcast_parameters(*world, state);
+    kiln::dist::check_same_parameters(*world, shared, "at the start");
   }
   const kiln::Backend& backend = kiln::backend_named(o.device);
   kiln::Executor step = kiln::compile(train_graph, backend,
@@ -365,7 +416,9 @@ int run(const Options& o) {
   kiln::data::BatchLoader loader(train, {.batch_size = o.batch,
                                          .seed = start.seed,
                                          .drop_last = true,
-                                         .normalization = normalization});
+                                         .normalization = normalization,
+                                         .rank = rank,
+                                         .ranks = ranks});
   std::vector<float> images(static_cast<std::size_t>(loader.batch_image_elements()));
   std::vector<std::int32_t> labels(static_cast<std::size_t>(o.batch));
 
@@ -397,7 +450,7 @@ int run(const Options& o) {
                     loss_sum / static_cast<double>(b + 1 - first));
       progress.update(b + 1 - first, detail);
       const std::int64_t done = epoch * steps_per_epoch + b + 1;
-      if (!o.save.empty() && o.save_every > 0 && done % o.save_every == 0 &&
+      if (!o.save.empty() && rank == 0 && o.save_every > 0 && done % o.save_every == 0 &&
           b + 1 < steps_per_epoch) {
         step.download_params();
         save_checkpoint(o, state,
@@ -411,19 +464,33 @@ int run(const Options& o) {
     progress.finish();
     step.download_params();
     eval.upload_params();
-    if (!o.save.empty())
+    if (world) kiln::dist::check_same_parameters(*world, shared, "after epoch " + std::to_string(epoch + 1));
+    if (!o.save.empty() && rank == 0)
       save_checkpoint(o, state,
                       {.step = (epoch + 1) * steps_per_epoch,
                        .epoch = epoch + 1,
                        .seed = start.seed,
                        .metadata = settings});
     const std::int64_t steps_run = steps_per_epoch - first;
+    // Each rank's mean loss and images/s, summed over the ranks (slot r holds rank r's rate).
+    std::vector<double> totals(static_cast<std::size_t>(ranks) + 1, 0.0);
+    totals[0] = loss_sum / static_cast<double>(steps_run);
+    totals[static_cast<std::size_t>(rank) + 1] = static_cast<double>(steps_run * o.batch) / seconds;
+    if (world) world->sum(totals);
     Epoch e{.number = epoch + 1,
             .learning_rate = training.learning_rate(),
-            .loss = loss_sum / static_cast<double>(steps_run),
-            .test_accuracy_percent = evaluate(eval, logits, test, eval_batch, normalization),
+            .loss = totals[0] / ranks,
+            .test_accuracy_percent =
+                evaluate(eval, logits, test, eval_batch, normalization, world.get()),
             .seconds = seconds,
-            .images_per_s = static_cast<double>(steps_run * o.batch) / seconds};
+            .images_per_s = 0.0};
+    for (int r = 0; r < ranks; ++r) e.images_per_s += totals[static_cast<std::size_t>(r) + 1];
+    if (ranks > 1) {
+      std::printf("  images/s per rank:");
+      for (int r = 0; r < ranks; ++r)
+        std::printf(" %d: %.0f", r, totals[static_cast<std::size_t>(r) + 1]);
+      std::printf("; all ranks: %.0f\n", e.images_per_s);
+    }
     std::printf(
         "epoch %d/%d  lr %.4g  loss %.4f  test accuracy %.2f%%  %.0f images/s  %.2f ms/step\n",
         e.number, epochs, e.learning_rate, e.loss, e.test_accuracy_percent, e.images_per_s,
@@ -435,7 +502,21 @@ int run(const Options& o) {
   for (const Epoch& e : history) total_seconds += e.seconds;
   const std::int64_t total_steps = steps_per_epoch * epochs - start.step; // run by this process
 
-  if (o.profile) kiln::print_profile(stdout, step, peak);
+  // Every collective of the run, on this rank (rank 0 prints): the time all-reduces were in
+  // flight, and how much of it the step spent waiting rather than computing.
+  const kiln::CollectiveTimes collectives = world ? world->take_times() : kiln::CollectiveTimes{};
+  const auto per_step_ms = [&](double s) { return 1000.0 * s / static_cast<double>(total_steps); };
+  if (o.profile) {
+    kiln::print_profile(stdout, step, peak);
+    if (world)
+      std::printf("all-reduce, rank 0: %.1f per step, in flight %.3f ms per step, of which "
+                  "waited %.3f ms and overlapped with compute %.3f ms (%.0f%% hidden)\n",
+                  static_cast<double>(collectives.collectives) / static_cast<double>(total_steps),
+                  per_step_ms(collectives.in_flight_seconds),
+                  per_step_ms(collectives.waited_seconds),
+                  per_step_ms(collectives.in_flight_seconds - collectives.waited_seconds),
+                  100.0 * collectives.hidden_share());
+  }
   if (json.wanted()) {
     nlohmann::json results = {
         {"program", "mnist_train"},
@@ -443,6 +524,7 @@ int run(const Options& o) {
         {"model", o.model},
         {"data", o.data},
         {"batch", o.batch},
+        {"ranks", ranks},
         {"device", plan.target.backend},
         {"threads", plan.threads},
         {"target", plan.target.isa},
@@ -452,9 +534,16 @@ int run(const Options& o) {
         {"steps", total_steps},
         {"test_accuracy_percent", history.back().test_accuracy_percent},
         {"final_loss", history.back().loss},
-        {"images_per_s", static_cast<double>(total_steps * o.batch) / total_seconds},
+        {"images_per_s", static_cast<double>(total_steps * o.batch * ranks) / total_seconds},
         {"ms_per_step", 1000.0 * total_seconds / static_cast<double>(total_steps)},
         {"history", nlohmann::json::array()}};
+    if (world)
+      results["allreduce"] = {
+          {"per_step",
+           static_cast<double>(collectives.collectives) / static_cast<double>(total_steps)},
+          {"in_flight_ms_per_step", per_step_ms(collectives.in_flight_seconds)},
+          {"waited_ms_per_step", per_step_ms(collectives.waited_seconds)},
+          {"hidden_share", collectives.hidden_share()}};
     for (const Epoch& e : history)
       results["history"].push_back({{"epoch", e.number},
                                     {"learning_rate", e.learning_rate},

@@ -133,6 +133,13 @@ inline std::vector<float> view(const RefCall& c) {
   return {c.in[0].f32.begin() + first, c.in[0].f32.begin() + first + c.out.numel()};
 }
 
+/// An all-reduce's start packs its operands one after another.
+inline std::vector<float> concatenate(const RefCall& c) {
+  std::vector<float> all;
+  for (const Values& v : c.in) all.insert(all.end(), v.f32.begin(), v.f32.end());
+  return all;
+}
+
 inline std::vector<float> transpose(const RefCall& c) {
   return transposed(c.in[0].f32, c.shape[0], std::get<TransposeAttrs>(c.attrs).perm);
 }
@@ -220,6 +227,8 @@ inline ReferenceFn reference_of(Op op) {
     set(Op::Reshape, &ref::view);
     set(Op::Part, &ref::view);
     set(Op::Transpose, &ref::transpose);
+    set(Op::AllreduceStart, &ref::concatenate);
+    set(Op::AllreduceWait, &ref::view); // one rank: the average is the data
     set(Op::SumTo, &ref::sum_to);
     set(Op::MatMul, &ref::matmul);
     set(Op::Conv2d, &ref::conv2d);

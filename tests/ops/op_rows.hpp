@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "kiln/dist/thread_group.hpp"
 #include "ops/op_harness.hpp"
 
 namespace kiln::test {
@@ -126,6 +127,19 @@ inline void add_state_and_views(std::vector<OpRow>& out) {
   out.push_back({Op::Assign, {{f32({37}), {}, true}, in({37})}, NoAttrs{}, 0.0});
   out.push_back({Op::Reshape, {in({2, 3, 4})}, ShapeAttrs{{4, 6}}, 0.0, true});
   out.push_back({Op::Part, {in({10})}, PartAttrs{3, {2, 3}}, 0.0});
+}
+
+/// The all-reduce ops over a group of one rank, whose sum is its own data: packing, then the
+/// average that is the data itself.
+inline void add_collectives(std::vector<OpRow>& out) {
+  static const std::shared_ptr<Communicator> alone = [] {
+    std::shared_ptr<Communicator> c = dist::thread_group(1)[0];
+    c->reserve(1);
+    return c;
+  }();
+  const CollectiveAttrs attrs{alone, 0};
+  out.push_back({Op::AllreduceStart, {in({3, 5}), in({7}), in({2, 2, 1, 3})}, attrs, 0.0});
+  out.push_back({Op::AllreduceWait, {in({34})}, attrs, 0.0});
 }
 
 inline void add_sum_to(std::vector<OpRow>& out) {
@@ -429,6 +443,7 @@ inline const std::vector<OpRow>& op_rows() {
     rows::add_elementwise(out);
     rows::add_fused(out);
     rows::add_state_and_views(out);
+    rows::add_collectives(out);
     rows::add_sum_to(out);
     rows::add_transpose(out);
     rows::add_matmuls(out);

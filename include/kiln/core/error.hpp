@@ -48,6 +48,11 @@ inline constexpr std::string_view checkpoint_io = "kiln.checkpoint.io";   ///< c
 inline constexpr std::string_view checkpoint_format = "kiln.checkpoint.format";     ///< not valid
 inline constexpr std::string_view checkpoint_mismatch = "kiln.checkpoint.mismatch"; ///< other net
 inline constexpr std::string_view checkpoint_corrupt = "kiln.checkpoint.corrupt";   ///< CRC differs
+inline constexpr std::string_view dist_collective =
+    "kiln.dist.collective"; ///< an all-reduce failed or timed out
+inline constexpr std::string_view dist_unavailable =
+    "kiln.dist.unavailable"; ///< built without MPI, or MPI lacks thread support
+inline constexpr std::string_view dist_mismatch = "kiln.dist.mismatch"; ///< ranks disagree
 inline constexpr std::string_view cuda_unavailable =
     "kiln.cuda.unavailable";                                              ///< built without CUDA
 inline constexpr std::string_view cuda_no_device = "kiln.cuda.no_device"; ///< no GPU visible

@@ -35,6 +35,12 @@ struct LoaderOptions {
   /// Skip the last batch when it would be partial (otherwise it is zero-padded).
   bool drop_last = false;
   Normalization normalization = identity_normalization;
+  /// Data-parallel training: `ranks` processes share every batch. Each epoch's order is the
+  /// same on every rank (it depends on seed and epoch only); batch b of the epoch is the
+  /// samples [b·batch_size·ranks, (b+1)·batch_size·ranks) of it, and this rank fills share
+  /// `rank` of those, batch_size samples. One rank: the whole batch.
+  int rank = 0;
+  int ranks = 1;
 };
 
 /// Hands out mini-batches of a Dataset, in a per-epoch order that depends only on
@@ -50,6 +56,9 @@ public:
     if (opt_.batch_size <= 0)
       fail(errc::argument,
            "BatchLoader: batch_size is " + std::to_string(opt_.batch_size) + ", expected > 0");
+    if (opt_.ranks < 1 || opt_.rank < 0 || opt_.rank >= opt_.ranks)
+      fail(errc::argument, "BatchLoader: rank " + std::to_string(opt_.rank) + " of " +
+                               std::to_string(opt_.ranks) + " ranks");
     if (!(opt_.normalization.std > 0.0f))
       fail(errc::argument, "BatchLoader: normalization std is " +
                                std::to_string(opt_.normalization.std) + ", expected > 0");
@@ -80,10 +89,10 @@ public:
     }
   }
 
-  /// Batches per epoch: ceil(count / batch_size), or floor with drop_last.
+  /// Batches per epoch: ceil(count / (batch_size·ranks)), or floor with drop_last.
   [[nodiscard]] std::int64_t batches() const {
-    return opt_.drop_last ? data_.count / opt_.batch_size
-                          : (data_.count + opt_.batch_size - 1) / opt_.batch_size;
+    const std::int64_t global = opt_.batch_size * opt_.ranks;
+    return opt_.drop_last ? data_.count / global : (data_.count + global - 1) / global;
   }
   [[nodiscard]] std::int64_t batch_size() const { return opt_.batch_size; }
   /// Floats `fill` expects in its images span: batch_size * 1 * height * width.
@@ -94,9 +103,10 @@ public:
   [[nodiscard]] std::span<const std::int64_t> order() const { return order_; }
   [[nodiscard]] const LoaderOptions& options() const { return opt_; }
 
-  /// Writes batch `batch_index` of the current epoch as [batch_size, 1, height, width]
-  /// normalised pixels and [batch_size] labels; returns how many samples are real. In a
-  /// partial last batch the remaining rows are zeros with label 0.
+  /// Writes this rank's share of batch `batch_index` of the current epoch as [batch_size, 1,
+  /// height, width] normalised pixels and [batch_size] labels; returns how many samples are
+  /// real (from 0 to batch_size). In a partial last batch the remaining rows are zeros with
+  /// label 0.
   /// Throws errc::argument for a batch_index outside [0, batches()) or spans whose sizes
   /// differ from batch_image_elements() and batch_size().
   std::int64_t fill(std::int64_t batch_index, std::span<float> images,
@@ -111,8 +121,9 @@ public:
       fail(errc::argument, "BatchLoader::fill: labels span holds " + std::to_string(labels.size()) +
                                " values, expected " + std::to_string(opt_.batch_size));
 
-    const std::int64_t first = batch_index * opt_.batch_size;
-    const std::int64_t real = std::min(opt_.batch_size, data_.count - first);
+    const std::int64_t first = (batch_index * opt_.ranks + opt_.rank) * opt_.batch_size;
+    const std::int64_t real =
+        std::clamp(data_.count - first, std::int64_t{0}, opt_.batch_size);
     const auto pixels = static_cast<std::size_t>(data_.image_size());
     const float mean = opt_.normalization.mean;
     const float scale_std = opt_.normalization.std;

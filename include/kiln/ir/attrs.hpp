@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "kiln/core/communicator.hpp"
 #include "kiln/core/shape.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/ir/op_list.hpp"
@@ -181,6 +182,14 @@ struct DropoutAttrs {
   friend bool operator==(const DropoutAttrs&, const DropoutAttrs&) = default;
 };
 
+/// An all-reduce of a bucket of gradients: the ranks of `communicator` average them, as its
+/// collective number `slot` (train_step numbers the buckets in the order they start).
+struct CollectiveAttrs {
+  std::shared_ptr<Communicator> communicator;
+  int slot = 0;
+  friend bool operator==(const CollectiveAttrs&, const CollectiveAttrs&) = default;
+};
+
 /// A chain of elementwise ops run as one kernel, element by element, over `shape`; the
 /// last instruction's result is the output. Inputs broadcast to `shape`.
 struct FusedAttrs {
@@ -193,7 +202,8 @@ struct FusedAttrs {
 /// Every attribute kind; a node holds exactly one.
 using Attrs =
     std::variant<NoAttrs, InputAttrs, ParamAttrs, ScalarAttrs, ShapeAttrs, PartAttrs, FillAttrs,
-                 MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs, FusedAttrs, TransposeAttrs>;
+                 MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs, FusedAttrs, TransposeAttrs,
+                 CollectiveAttrs>;
 
 /// The epilogue of an anchor node's attributes, or nullptr for ops that have none.
 inline const Epilogue* epilogue_of(const Attrs& attrs) {

@@ -25,6 +25,9 @@ inline std::string attr_text(const ScalarAttrs& a) {
   return " {value=" + float_text(a.value) + "}";
 }
 inline std::string attr_text(const ShapeAttrs& a) { return " {shape=" + a.shape.str() + "}"; }
+inline std::string attr_text(const CollectiveAttrs& a) {
+  return " {slot=" + std::to_string(a.slot) + "}";
+}
 inline std::string attr_text(const PartAttrs& a) {
   return " {offset=" + std::to_string(a.offset) + ", shape=" + a.shape.str() + "}";
 }

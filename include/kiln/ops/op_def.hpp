@@ -147,6 +147,13 @@ struct JointKernel {
 ///   `template <class M, class V> KILN_HOST_DEVICE static V apply(const M&, V a, V b, V scalar);`
 template <Op op> struct OpDef;
 
+/// Where the scheduler (passes/schedule_for_memory.hpp) runs a node among those ready.
+enum class SchedulePriority : std::uint8_t {
+  by_memory, ///< by the memory it frees and allocates, as most nodes
+  first,     ///< as soon as it is ready: it starts work that overlaps what follows
+  last,      ///< only when nothing else is ready: it waits for that work
+};
+
 /// Defaults shared by most op definitions: every property lowering and the passes ask.
 struct OpDefaults {
   static constexpr OpRole role = OpRole::compute;
@@ -161,6 +168,7 @@ struct OpDefaults {
   /// Swapping its two inputs does not change its value.
   static constexpr bool commutative = false;
   static constexpr LayoutRule layout = LayoutRule::nchw;
+  static constexpr SchedulePriority schedule = SchedulePriority::by_memory;
   static constexpr ChannelsLastForm channels_last_form{};
   static constexpr JointKernel joint{};
   /// The input whose memory its output may take over when that input dies here (every

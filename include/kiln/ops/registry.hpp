@@ -4,6 +4,7 @@
 
 #include <array>
 
+#include "kiln/ops/collective.hpp"
 #include "kiln/ops/conv.hpp"
 #include "kiln/ops/elementwise.hpp"
 #include "kiln/ops/fused.hpp"
@@ -28,6 +29,7 @@ struct OpInfo {
   bool overwrites_any_input = false;
   bool commutative = false;
   LayoutRule layout = LayoutRule::nchw;
+  SchedulePriority schedule = SchedulePriority::by_memory;
   ChannelsLastForm channels_last_form{};
   JointKernel joint{};
   InferFn infer = nullptr;
@@ -61,6 +63,7 @@ template <Op op> constexpr OpInfo make_op_info() {
   info.overwrites_any_input = D::overwrites_any_input;
   info.commutative = D::commutative;
   info.layout = D::layout;
+  info.schedule = D::schedule;
   info.channels_last_form = D::channels_last_form;
   info.joint = D::joint;
   info.infer = &D::infer;

@@ -20,8 +20,11 @@ namespace kiln {
 /// The scheduling pass. Besides its inputs, a node that stores into a param (an assign, or
 /// a fused kernel's store) waits for every other node reading that param, so every read still
 /// sees the old value; so does the value an assign stores. Among ready nodes, views, inputs and
-/// params go first (they cost nothing), then the node with the largest bytes freed minus bytes
-/// allocated; ties keep graph order, so a graph whose order is already best is left as it is.
+/// params go first (they cost nothing), with the nodes that start overlapping work
+/// (SchedulePriority::first, an all-reduce's start); then the node with the largest bytes freed
+/// minus bytes allocated; the nodes that wait for overlapping work (SchedulePriority::last) only
+/// when nothing else is ready. Ties keep graph order, so a graph whose order is already best
+/// is left as it is.
 inline PassResult schedule_for_memory(Graph& g, PassContext&) {
   const StorageMap storage = storage_map(g);
   const auto count = static_cast<std::size_t>(g.size());
@@ -83,18 +86,25 @@ inline PassResult schedule_for_memory(Graph& g, PassContext&) {
   for (ValueId id = 0; id < g.size(); ++id)
     if (waiting[at(id)] == 0) ready.push_back(id);
   while (!ready.empty()) {
+    // Rank of each ready node: lower runs first. The first free node found runs at once;
+    // within the other ranks, the higher score, then graph order.
+    const auto rank_of = [&](ValueId id) {
+      const SchedulePriority p = op_info(g.node(id).op).schedule;
+      if (p == SchedulePriority::first) return 0;
+      if (!allocates(g, storage, id) && p != SchedulePriority::last) return 0;
+      return p == SchedulePriority::last ? 2 : 1;
+    };
     std::size_t best = 0;
+    int best_rank = 3;
     std::int64_t best_score = 0;
     for (std::size_t k = 0; k < ready.size(); ++k) {
       const ValueId id = ready[k];
-      const bool free_node = !allocates(g, storage, id);
-      if (free_node) {
+      const int rank = rank_of(id);
+      const std::int64_t score = rank == 1 ? net_freed(id) : 0;
+      if (rank < best_rank || (rank == best_rank && rank > 0 && score > best_score) ||
+          (rank == best_rank && rank > 0 && score == best_score && id < ready[best])) {
         best = k;
-        break;
-      }
-      const std::int64_t score = net_freed(id);
-      if (k == 0 || score > best_score || (score == best_score && id < ready[best])) {
-        best = k;
+        best_rank = rank;
         best_score = score;
       }
     }

@@ -147,6 +147,8 @@ inline void select_kernels(const Graph& g, const std::vector<int>& step_of, cons
     }
     step.output = plan.values[static_cast<std::size_t>(id)];
     step.attrs = node.attrs;
+    if (const auto* collective = std::get_if<CollectiveAttrs>(&step.attrs))
+      plan.communicator = collective->communicator;
     KernelChoice choice = backend.select(KernelQuery{
         node.op, &step.attrs, std::span<const TensorType>(input_types.data(), node.inputs.size()),
         node.type});

@@ -66,6 +66,9 @@ struct Plan {
   int threads = 1;
   /// Whether the device may record the step once and replay it (CompileOptions::replay).
   bool replay = true;
+  /// The communicator of the plan's all-reduce steps (data-parallel training), else null: the
+  /// executor reports its failures after each run.
+  std::shared_ptr<Communicator> communicator;
   /// Whether every run checks that its one-element outputs are finite (CompileOptions).
   bool check_finite = false;
   /// The graph compile() was given, whose Values name the outputs; null for a plan lowered

@@ -116,7 +116,9 @@ public:
   /// Runs every step once, on the plan's worker count. Every input must have been set at least
   /// once (kiln.api.argument names the first that was not). With the plan's check_finite, a
   /// one-element output (a loss) that is NaN or infinite afterwards is kiln.runtime.not_finite,
-  /// naming the run and the output.
+  /// naming the run and the output. In data-parallel training, an all-reduce that failed or
+  /// timed out in the run is kiln.dist.collective, naming the rank and the collective; the
+  /// parameters that run updated are then not to be used (resume from a checkpoint).
   void run() {
     for (std::size_t i = 0; i < fed_.size(); ++i)
       if (!fed_[i])
@@ -128,6 +130,11 @@ public:
                  profiling_ ? std::span<double>(step_seconds_) : std::span<double>{});
     if (profiling_) ++profiled_runs_;
     ++runs_;
+    if (plan_.communicator) {
+      device_->synchronize();
+      if (std::string why = plan_.communicator->failure(); !why.empty())
+        fail(errc::dist_collective, "run " + std::to_string(runs_ - 1) + ": " + why);
+    }
     if (plan_.check_finite) check_finite_outputs();
   }
 

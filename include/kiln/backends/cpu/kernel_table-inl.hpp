@@ -9,6 +9,7 @@
 
 #include <hwy/highway.h>
 
+#include "kiln/backends/cpu/collective.hpp"
 #include "kiln/backends/cpu/conv-inl.hpp"
 #include "kiln/backends/cpu/conv_channels_last-inl.hpp"
 #include "kiln/backends/cpu/conv_shifted_rows-inl.hpp"
@@ -38,6 +39,7 @@ inline const KernelTable* GetKernelTable() {
     RegisterSoftmaxKernels(t);
     RegisterTransposeKernels(t);
     RegisterPeakMeasurement(t);
+    register_collective_kernels(t);
     return t;
   }();
   return &table;
