@@ -62,8 +62,7 @@ std::unique_ptr<kiln::Executor> compile_step(kiln::Graph& g, kiln::nn::Sequentia
   const auto x = g.input("x", {batch, 1, 28, 28});
   const auto y = g.input("y", {batch}, kiln::i32);
   (void)kiln::train_step(kiln::softmax_cross_entropy(net(x), y), net.parameters(),
-                         kiln::optim::SGD{.lr = 0.01f, .momentum = 0.9f},
-                         {.communicator = world});
+                         kiln::optim::SGD{.lr = 0.01f, .momentum = 0.9f}, {.communicator = world});
   auto exe = std::make_unique<kiln::Executor>(kiln::compile(g, {.threads = threads}));
   std::vector<float> images;
   std::vector<std::int32_t> labels;
@@ -107,14 +106,14 @@ double ring_ms(const std::vector<std::int64_t>& buckets, int n, double latency_s
 
 int run(const Flags& flags) {
   const kiln::tools::JsonOutput json(flags.json);
+  if (flags.batch % 2 != 0)
+    kiln::fail(kiln::errc::argument,
+               "--batch: " + std::to_string(flags.batch) + " does not split over 2 ranks");
   const std::shared_ptr<kiln::dist::Mpi> world = kiln::dist::Mpi::start();
   const bool lead = world->rank() == 0;
   if (world->size() != 2)
     kiln::fail(kiln::errc::argument, "data_parallel_bench: run it on 2 ranks (mpirun -np 2), not " +
                                          std::to_string(world->size()));
-  if (flags.batch % 2 != 0)
-    kiln::fail(kiln::errc::argument, "--batch: " + std::to_string(flags.batch) +
-                                         " does not split over 2 ranks");
   world->reserve(1);
 
   // MPI's own cost here: a 4-byte sum is its latency, a 16 MiB one its bandwidth.
@@ -184,8 +183,8 @@ int run(const Flags& flags) {
               "(4 bytes and 16 MiB summed)\n\n",
               1000.0 * here_latency_ms, here_gb_per_s);
   std::printf("%-13s %9s %7s | %11s %11s %8s | %12s %10s %10s %7s\n", "network", "gradient",
-              "buckets", "2x1 ms/step", "1x2 ms/step", "2x1/1x2", "all-reduce", "waited",
-              "window", "hidden");
+              "buckets", "2x1 ms/step", "1x2 ms/step", "2x1/1x2", "all-reduce", "waited", "window",
+              "hidden");
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& n : networks) {
     std::int64_t floats = 0;
@@ -231,8 +230,8 @@ int run(const Flags& flags) {
   std::printf("Ring all-reduce over %.0f Gbit/s links with %.0f us latency, each machine "
               "running one 2x1 rank's step (%d images):\n",
               flags.link_gbit, flags.link_latency_us, flags.batch / 2);
-  std::printf("%-13s %8s %14s %12s %11s %12s\n", "network", "machines", "all-reduce ms",
-              "ms/step", "efficiency", "images/s");
+  std::printf("%-13s %8s %14s %12s %11s %12s\n", "network", "machines", "all-reduce ms", "ms/step",
+              "efficiency", "images/s");
   for (std::size_t k = 0; k < networks.size(); ++k)
     for (const auto& p : rows[k]["predicted"])
       std::printf("%-13s %8d %14.3f %12.2f %10.0f%% %12.0f\n", networks[k]->name.c_str(),

@@ -181,8 +181,7 @@ void check_resumed_settings(const std::filesystem::path& file,
     const std::string setting = key.substr(key.find('.') + 1);
     const std::string change =
         setting + " " + found->second + " in the checkpoint, " + value + " on this command line";
-    if (setting == "model" || setting == "batch" || setting == "ranks" ||
-        setting == "train_images")
+    if (setting == "model" || setting == "batch" || setting == "ranks" || setting == "train_images")
       kiln::fail(kiln::errc::argument,
                  "--resume: " + file.string() + ": " + change +
                      " (the saved position counts batches of that model and data)");
@@ -464,7 +463,8 @@ int run(const Options& o) {
     progress.finish();
     step.download_params();
     eval.upload_params();
-    if (world) kiln::dist::check_same_parameters(*world, shared, "after epoch " + std::to_string(epoch + 1));
+    if (world)
+      kiln::dist::check_same_parameters(*world, shared, "after epoch " + std::to_string(epoch + 1));
     if (!o.save.empty() && rank == 0)
       save_checkpoint(o, state,
                       {.step = (epoch + 1) * steps_per_epoch,
@@ -538,12 +538,11 @@ int run(const Options& o) {
         {"ms_per_step", 1000.0 * total_seconds / static_cast<double>(total_steps)},
         {"history", nlohmann::json::array()}};
     if (world)
-      results["allreduce"] = {
-          {"per_step",
-           static_cast<double>(collectives.collectives) / static_cast<double>(total_steps)},
-          {"in_flight_ms_per_step", per_step_ms(collectives.in_flight_seconds)},
-          {"waited_ms_per_step", per_step_ms(collectives.waited_seconds)},
-          {"hidden_share", collectives.hidden_share()}};
+      results["allreduce"] = {{"per_step", static_cast<double>(collectives.collectives) /
+                                               static_cast<double>(total_steps)},
+                              {"in_flight_ms_per_step", per_step_ms(collectives.in_flight_seconds)},
+                              {"waited_ms_per_step", per_step_ms(collectives.waited_seconds)},
+                              {"hidden_share", collectives.hidden_share()}};
     for (const Epoch& e : history)
       results["history"].push_back({{"epoch", e.number},
                                     {"learning_rate", e.learning_rate},

@@ -13,9 +13,9 @@ namespace {
 /// Each directory of include/kiln and its stage: a header may include its own directory and
 /// any earlier stage, never a later one nor another directory of its own stage.
 const std::map<std::string, int> stage_of = {
-    {"core", 0},     {"data", 1},    {"ir", 1},       {"ops", 2},
-    {"autodiff", 3}, {"nn", 3},      {"passes", 3},   {"train", 4},
-    {"plan", 5},     {"runtime", 6}, {"backends", 7}, {"", 8}, // compile(), kiln.hpp at the top
+    {"core", 0},    {"data", 1},     {"ir", 1},    {"ops", 2},  {"autodiff", 3},
+    {"nn", 3},      {"passes", 3},   {"train", 4}, {"dist", 4}, {"plan", 5},
+    {"runtime", 6}, {"backends", 7}, {"", 8}, // compile(), kiln.hpp at the top
 };
 
 /// "passes" for "passes/pipeline.hpp", "" for a header at the top.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctest entry: every kiln program, fed bad values, exits non-zero with a message naming the
 # flag and never crashes; --help and --version print on stdout and exit 0; every JSON output,
-# a run whose loss is NaN included, parses.
+# a run whose loss is NaN included, parses. KILN_MPIEXEC, where set, runs the MPI programs.
 #   check_command_lines.sh MNIST_DIR PROGRAM...
 set -uo pipefail
 data="$1"
@@ -102,6 +102,19 @@ for program in "$@"; do
     "$program" --rounds 1 --steps 1 --batch 8 --json "$work/bench.json" >/dev/null &&
       expect_json "$(basename "$program")" "$work/bench.json" ||
       fail "$(basename "$program") --rounds 1 failed"
+    ;;
+  data_parallel_bench)
+    step_flags_rejected "$program"
+    expect_rejected "$program" --batch --batch 7
+    expect_rejected "$program" --link-gbit --link-gbit 0
+    expect_rejected "$program" --link-latency-us --link-latency-us -1
+    # Without mpirun it is one rank, and says how to start it.
+    expect_rejected "$program" "mpirun -np 2" --rounds 1
+    if [[ -n "${KILN_MPIEXEC:-}" ]]; then
+      "$KILN_MPIEXEC" --allow-run-as-root --oversubscribe -np 2 --mca btl self,tcp "$program" \
+        --rounds 1 --steps 1 --batch 8 --json "$work/dp.json" >/dev/null &&
+        expect_json "data_parallel_bench" "$work/dp.json" || fail "data_parallel_bench failed"
+    fi
     ;;
   gemm_conv_micro)
     expect_rejected "$program" --threads --threads 0

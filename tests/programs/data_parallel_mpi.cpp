@@ -49,8 +49,8 @@ struct Trainer {
             std::int64_t first) {
     exe.set_input("x", std::span<const float>(images.data() + first * 784,
                                               static_cast<std::size_t>(batch * 784)));
-    exe.set_input("y", std::span<const std::int32_t>(labels.data() + first,
-                                                     static_cast<std::size_t>(batch)));
+    exe.set_input(
+        "y", std::span<const std::int32_t>(labels.data() + first, static_cast<std::size_t>(batch)));
     exe.run();
     return exe.scalar(step.loss);
   }
@@ -90,8 +90,7 @@ int same_steps(const std::shared_ptr<kiln::dist::Mpi>& world) {
     const bool close = worst <= 1e-4;
     std::printf("%s: rank %d: %s: 2 ranks x 32 against 1 x 64 over 10 steps: worst relative "
                 "loss difference %.2e (%d all-reduces a step)\n",
-                close ? "ok" : "FAIL", world->rank(), network.name, worst,
-                ranked.step.collectives);
+                close ? "ok" : "FAIL", world->rank(), network.name, worst, ranked.step.collectives);
     failures += !close;
     try {
       kiln::dist::check_same_parameters(*world, state, "after 10 steps");
@@ -122,8 +121,7 @@ int stop_answering(const std::shared_ptr<kiln::dist::Mpi>& world, bool exit_inst
     } catch (const kiln::Error& e) {
       const bool named = std::string(e.code()) == "kiln.dist.collective" &&
                          std::string(e.message()).find("rank 0") != std::string::npos;
-      std::printf("%s: rank %d: step %d: %s\n", named ? "ok" : "FAIL", world->rank(), s,
-                  e.what());
+      std::printf("%s: rank %d: step %d: %s\n", named ? "ok" : "FAIL", world->rank(), s, e.what());
       std::fflush(stdout);
       return named && s == 3 ? 0 : 1;
     }
@@ -141,8 +139,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const auto world = kiln::dist::Mpi::start(
-        argc, argv, {.timeout_seconds = mode == "same-steps" ? 120.0 : 3.0});
+    const auto world =
+        kiln::dist::Mpi::start(argc, argv, {.timeout_seconds = mode == "same-steps" ? 120.0 : 3.0});
     if (world->size() != 2) {
       std::fprintf(stderr, "data_parallel_mpi: run with mpirun -np 2\n");
       return 2;

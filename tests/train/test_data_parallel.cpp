@@ -32,11 +32,11 @@ struct Rank {
   std::unique_ptr<kiln::Executor> exe;
   std::int64_t batch;
 
-  Rank(const Network& network, std::int64_t batch_size,
-       std::shared_ptr<kiln::Communicator> world, std::size_t bucket_bytes = 1 << 20)
+  Rank(const Network& network, std::int64_t batch_size, std::shared_ptr<kiln::Communicator> world,
+       std::size_t bucket_bytes = 1 << 20)
       : net(make(network)), step(build(g, net, batch_size, std::move(world), bucket_bytes)),
-        exe(std::make_unique<kiln::Executor>(kiln::compile(g, {.threads = 1}))),
-        batch(batch_size) {}
+        exe(std::make_unique<kiln::Executor>(kiln::compile(g, {.threads = 1}))), batch(batch_size) {
+  }
 
   static kiln::nn::Sequential make(const Network& network) {
     kiln::nn::manual_seed(9); // every rank starts from the same weights
@@ -60,8 +60,8 @@ struct Rank {
     const std::int64_t pixels = 28 * 28;
     exe->set_input("x", std::span<const float>(images.data() + first * pixels,
                                                static_cast<std::size_t>(batch * pixels)));
-    exe->set_input("y", std::span<const std::int32_t>(labels.data() + first,
-                                                      static_cast<std::size_t>(batch)));
+    exe->set_input(
+        "y", std::span<const std::int32_t>(labels.data() + first, static_cast<std::size_t>(batch)));
     exe->run();
     return exe->scalar(step.loss);
   }
@@ -104,7 +104,8 @@ TEST_CASE("data parallel: 2 ranks x batch 32 follow 1 rank x batch 64, parameter
     const auto world = kiln::dist::thread_group(2);
     // Small buckets, so that the step has several all-reduces in flight.
     std::vector<std::unique_ptr<Rank>> ranks;
-    for (int r = 0; r < 2; ++r) ranks.push_back(std::make_unique<Rank>(network, 32, world[r], 64 << 10));
+    for (int r = 0; r < 2; ++r)
+      ranks.push_back(std::make_unique<Rank>(network, 32, world[r], 64 << 10));
     CHECK(ranks[0]->step.collectives > 1);
     std::vector<std::vector<float>> losses(2);
     std::vector<std::thread> threads;
@@ -117,8 +118,8 @@ TEST_CASE("data parallel: 2 ranks x batch 32 follow 1 rank x batch 64, parameter
     for (std::thread& t : threads) t.join();
     for (int s = 0; s < steps; ++s) {
       INFO("step " << s);
-      const float mean = (losses[0][static_cast<std::size_t>(s)] +
-                          losses[1][static_cast<std::size_t>(s)]) / 2.0f;
+      const float mean =
+          (losses[0][static_cast<std::size_t>(s)] + losses[1][static_cast<std::size_t>(s)]) / 2.0f;
       CHECK(std::abs(mean - expected[static_cast<std::size_t>(s)]) <=
             1e-4f * std::abs(expected[static_cast<std::size_t>(s)]));
     }
@@ -172,13 +173,13 @@ TEST_CASE("data parallel: a rank that never arrives is kiln.dist.collective on t
   }
 }
 
-TEST_CASE("data parallel: broadcast gives every rank rank 0's parameters; differing ones are "
+TEST_CASE("data parallel: broadcast gives every rank rank 0's parameters, and differing ones are "
           "kiln.dist.mismatch") {
   const auto world = kiln::dist::thread_group(2);
   std::vector<std::unique_ptr<Rank>> ranks;
   for (int r = 0; r < 2; ++r)
-    ranks.push_back(std::make_unique<Rank>(Network{"lenet5", &kiln::nn::models::lenet5}, 8,
-                                           world[r]));
+    ranks.push_back(
+        std::make_unique<Rank>(Network{"lenet5", &kiln::nn::models::lenet5}, 8, world[r]));
   ranks[1]->state()[0].tensor->f32()[3] += 1.0f;
   std::vector<std::string> errors(2);
   const auto on_each_rank = [&](auto body) {
@@ -203,7 +204,8 @@ TEST_CASE("data parallel: broadcast gives every rank rank 0's parameters; differ
   on_each_rank([&](int r) {
     const auto state = ranks[static_cast<std::size_t>(r)]->state();
     kiln::dist::broadcast_parameters(*world[static_cast<std::size_t>(r)], state);
-    kiln::dist::check_same_parameters(*world[static_cast<std::size_t>(r)], state, "after broadcast");
+    kiln::dist::check_same_parameters(*world[static_cast<std::size_t>(r)], state,
+                                      "after broadcast");
   });
   CHECK(errors[0].empty());
   CHECK(errors[1].empty());
@@ -217,11 +219,14 @@ TEST_CASE("data parallel: the loader's shares of a global batch are the one-rank
   d.labels.resize(100);
   for (int i = 0; i < 100; ++i) {
     d.labels[static_cast<std::size_t>(i)] = i;
-    for (int p = 0; p < 4; ++p) d.images[static_cast<std::size_t>(i * 4 + p)] = static_cast<float>(i);
+    for (int p = 0; p < 4; ++p)
+      d.images[static_cast<std::size_t>(i * 4 + p)] = static_cast<float>(i);
   }
   kiln::data::BatchLoader whole(d, {.batch_size = 20, .seed = 4});
   std::vector<kiln::data::BatchLoader> shares;
-  for (int r = 0; r < 2; ++r) shares.emplace_back(d, kiln::data::LoaderOptions{.batch_size = 10, .seed = 4, .rank = r, .ranks = 2});
+  for (int r = 0; r < 2; ++r)
+    shares.emplace_back(
+        d, kiln::data::LoaderOptions{.batch_size = 10, .seed = 4, .rank = r, .ranks = 2});
   CHECK(whole.batches() == 5);
   CHECK(shares[0].batches() == 5);
   for (int epoch = 0; epoch < 2; ++epoch) {

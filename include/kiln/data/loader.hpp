@@ -122,8 +122,7 @@ public:
                                " values, expected " + std::to_string(opt_.batch_size));
 
     const std::int64_t first = (batch_index * opt_.ranks + opt_.rank) * opt_.batch_size;
-    const std::int64_t real =
-        std::clamp(data_.count - first, std::int64_t{0}, opt_.batch_size);
+    const std::int64_t real = std::clamp(data_.count - first, std::int64_t{0}, opt_.batch_size);
     const auto pixels = static_cast<std::size_t>(data_.image_size());
     const float mean = opt_.normalization.mean;
     const float scale_std = opt_.normalization.std;

@@ -42,11 +42,11 @@ inline void check_same_parameters(Communicator& world, std::span<const nn::Param
   const std::vector<std::uint64_t> all = world.gather(parameter_checksum(state));
   for (std::size_t r = 1; r < all.size(); ++r)
     if (all[r] != all[0])
-      fail(errc::dist_mismatch,
-           "rank " + std::to_string(world.rank()) + ": the ranks' parameters differ " + when +
-               ": rank 0's checksum is " + std::to_string(all[0]) + ", rank " +
-               std::to_string(r) + "'s " + std::to_string(all[r]) +
-               " (every rank must run the same step on the same parameters)");
+      fail(errc::dist_mismatch, "rank " + std::to_string(world.rank()) +
+                                    ": the ranks' parameters differ " + when +
+                                    ": rank 0's checksum is " + std::to_string(all[0]) + ", rank " +
+                                    std::to_string(r) + "'s " + std::to_string(all[r]) +
+                                    " (every rank must run the same step on the same parameters)");
 }
 
 } // namespace kiln::dist

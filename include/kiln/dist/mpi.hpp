@@ -105,7 +105,8 @@ public:
     s.state = State::idle;
     // A step is over when all its collectives are: the next one issues from slot 0 again,
     // whichever plan (with however many slots) runs it.
-    if (std::all_of(slots_.begin(), slots_.end(), [](const Slot& t) { return t.state == State::idle; }))
+    if (std::all_of(slots_.begin(), slots_.end(),
+                    [](const Slot& t) { return t.state == State::idle; }))
       next_ = 0;
     return true;
   }
@@ -135,8 +136,7 @@ public:
   [[nodiscard]] std::vector<std::uint64_t> gather(std::uint64_t value) override {
     std::vector<std::uint64_t> all(static_cast<std::size_t>(size_));
     MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, blocking_,
-                         &request),
+    check(MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, blocking_, &request),
           "gather");
     finish(request, "gather");
     return all;
@@ -156,8 +156,7 @@ private:
       : timeout_(std::chrono::duration_cast<Clock::duration>(
             std::chrono::duration<double>(options.timeout_seconds))),
         poll_(options.poll_interval) {
-    if (!(options.timeout_seconds > 0.0))
-      fail(errc::argument, "Mpi: timeout_seconds must be > 0");
+    if (!(options.timeout_seconds > 0.0)) fail(errc::argument, "Mpi: timeout_seconds must be > 0");
     int initialised = 0;
     MPI_Initialized(&initialised);
     int provided = MPI_THREAD_SINGLE;
@@ -170,9 +169,9 @@ private:
     }
     if (provided < MPI_THREAD_MULTIPLE) {
       if (owns_mpi_) MPI_Finalize();
-      fail(errc::dist_unavailable, "the MPI library gives thread support level " +
-                               std::to_string(provided) +
-                               ", below MPI_THREAD_MULTIPLE, which kiln's progress thread needs");
+      fail(errc::dist_unavailable,
+           "the MPI library gives thread support level " + std::to_string(provided) +
+               ", below MPI_THREAD_MULTIPLE, which kiln's progress thread needs");
     }
     // Steps and the blocking calls between them each get a communicator of their own, whose
     // errors are returned to kiln rather than aborting the job.
@@ -205,9 +204,12 @@ private:
     return static_cast<int>(n);
   }
 
-  /// Drives one blocking call's request to completion under the watchdog.
+  /// Drives one blocking call's request to completion under the watchdog. The pause between
+  /// tests grows to a millisecond, so a rank waiting long for the others (while rank 0 writes a
+  /// checkpoint) leaves its core to them.
   void finish(MPI_Request& request, const std::string& what) {
     const auto deadline = Clock::now() + timeout_;
+    std::chrono::microseconds pause = poll_;
     for (;;) {
       int done = 0;
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what.c_str());
@@ -217,7 +219,8 @@ private:
              "rank " + std::to_string(rank_) + ": " + what + " did not finish within " +
                  std::to_string(std::chrono::duration<double>(timeout_).count()) +
                  " s: another rank has died or hangs");
-      std::this_thread::sleep_for(poll_);
+      std::this_thread::sleep_for(pause);
+      pause = std::min(2 * pause, std::max(poll_, std::chrono::microseconds{1000}));
     }
   }
 
@@ -241,8 +244,8 @@ private:
     while (!stopping_) {
       while (!failed_ && next_ < slots_.size() && slots_[next_].state == State::posted) {
         Slot& s = slots_[next_];
-        const int code = MPI_Iallreduce(MPI_IN_PLACE, s.data, static_cast<int>(s.count),
-                                        MPI_FLOAT, MPI_SUM, steps_, &s.request);
+        const int code = MPI_Iallreduce(MPI_IN_PLACE, s.data, static_cast<int>(s.count), MPI_FLOAT,
+                                        MPI_SUM, steps_, &s.request);
         if (code != MPI_SUCCESS) {
           record_failure(static_cast<int>(next_), s, "could not start");
           break;

@@ -23,7 +23,7 @@ namespace kiln::dist {
 /// only its own. An all-reduce is summed in rank order by the last rank to start it, so every
 /// rank gets the same bits. A collective still unfinished after `timeout_seconds` fails.
 inline std::vector<std::shared_ptr<Communicator>> thread_group(int ranks,
-                                                                double timeout_seconds = 120.0);
+                                                               double timeout_seconds = 120.0);
 
 namespace detail {
 
@@ -71,8 +71,8 @@ public:
     std::unique_lock lock(mutex_);
     const Slot& s = slots_[static_cast<std::size_t>(slot)];
     const bool done_before = s.completed >= generation;
-    const bool done = changed_.wait_for(
-        lock, timeout_, [&] { return failed_ || s.completed >= generation; });
+    const bool done =
+        changed_.wait_for(lock, timeout_, [&] { return failed_ || s.completed >= generation; });
     if (!done && !failed_) {
       failed_ = true;
       std::snprintf(failure_, sizeof failure_,
@@ -114,8 +114,8 @@ public:
       changed_.notify_all();
     }
     if (failed_)
-      fail(errc::dist_collective, "rank " + std::to_string(rank) + ": " + what +
-                                      " failed: " + failure_);
+      fail(errc::dist_collective,
+           "rank " + std::to_string(rank) + ": " + what + " failed: " + failure_);
   }
 
 private:
@@ -161,8 +161,7 @@ public:
   bool wait(int slot) noexcept override {
     const Clock::time_point asked = Clock::now();
     Clock::time_point finished;
-    const bool ok =
-        group_->wait(rank_, slot, started_[static_cast<std::size_t>(slot)], finished);
+    const bool ok = group_->wait(rank_, slot, started_[static_cast<std::size_t>(slot)], finished);
     if (ok) record_times(started_at_[static_cast<std::size_t>(slot)], asked, finished);
     return ok;
   }
@@ -198,7 +197,7 @@ public:
 private:
   std::shared_ptr<ThreadGroupState> group_;
   int rank_;
-  std::vector<std::uint64_t> started_; ///< how often this rank started each slot
+  std::vector<std::uint64_t> started_;        ///< how often this rank started each slot
   std::vector<Clock::time_point> started_at_; ///< when it last did
 };
 

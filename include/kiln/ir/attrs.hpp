@@ -200,10 +200,9 @@ struct FusedAttrs {
 };
 
 /// Every attribute kind; a node holds exactly one.
-using Attrs =
-    std::variant<NoAttrs, InputAttrs, ParamAttrs, ScalarAttrs, ShapeAttrs, PartAttrs, FillAttrs,
-                 MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs, FusedAttrs, TransposeAttrs,
-                 CollectiveAttrs>;
+using Attrs = std::variant<NoAttrs, InputAttrs, ParamAttrs, ScalarAttrs, ShapeAttrs, PartAttrs,
+                           FillAttrs, MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs,
+                           FusedAttrs, TransposeAttrs, CollectiveAttrs>;
 
 /// The epilogue of an anchor node's attributes, or nullptr for ops that have none.
 inline const Epilogue* epilogue_of(const Attrs& attrs) {

@@ -56,7 +56,7 @@ namespace kiln {
   X(SoftmaxCrossEntropyWithGrad, "softmax_cross_entropy_with_grad")                                \
   /* state update (ops/state.hpp) */                                                               \
   X(Assign, "assign")                                                                              \
-  /* data-parallel training (ops/collective.hpp) */                                               \
+  /* data-parallel training (ops/collective.hpp) */                                                \
   X(AllreduceStart, "allreduce_start")                                                             \
   X(AllreduceWait, "allreduce_wait")                                                               \
   /* made by passes (ops/fused.hpp) */                                                             \

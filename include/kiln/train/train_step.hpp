@@ -73,8 +73,8 @@ TrainStep train_step(Value loss, const std::vector<nn::Parameter>& params,
   std::vector<Value> update_with = step.gradients;
   if (options.communicator && options.communicator->size() > 1) {
     const std::vector<Value> last_first(step.gradients.rbegin(), step.gradients.rend());
-    const std::vector<Value> averaged = allreduce_mean(last_first, options.communicator,
-                                                       options.bucket_bytes, step.collectives);
+    const std::vector<Value> averaged =
+        allreduce_mean(last_first, options.communicator, options.bucket_bytes, step.collectives);
     update_with.assign(averaged.rbegin(), averaged.rend());
     options.communicator->reserve(step.collectives);
   }
