@@ -93,7 +93,8 @@ inline std::vector<Value> allreduce_mean(const std::vector<Value>& gradients,
         allreduce_wait(allreduce_start(bucket, CollectiveAttrs{communicator, collectives++}));
     std::int64_t offset = 0;
     for (std::size_t i = begin; i < end; ++i) {
-      const Shape& shape = gradients[i].graph->node(gradients[i].id).type.shape;
+      // A copy: appending the part may move the graph's nodes.
+      const Shape shape = gradients[i].graph->node(gradients[i].id).type.shape;
       averaged[i] = append(*done.graph, Op::Part, {done.id}, PartAttrs{offset, shape});
       offset += shape.numel();
     }
