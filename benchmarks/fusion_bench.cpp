@@ -73,6 +73,7 @@ struct Row {
   std::string config;
   double ms = 0, min = 0, max = 0;
   std::size_t kernels = 0, bytes = 0, peak = 0;
+  double model_ms = 0; ///< the cost model's prediction
 };
 
 /// The speedup of every configuration over "all off", one cluster of bars per configuration
@@ -118,6 +119,8 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
   std::vector<std::int32_t> labels;
   bench::random_batch(batch, images, labels);
 
+  // Measured before any step runs, for the cost model's predictions.
+  const kiln::MachinePeak peak = kiln::machine_peak(backend.target(), threads);
   nlohmann::json results = nlohmann::json::array();
   for (const auto& [network, make] : bench::reference_networks) {
     kiln::Graph g;
@@ -129,6 +132,7 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
       exes.back().set_input("y", labels);
       exes.back().run(); // warm-up: first touch of the arena, caches
     }
+
     // Configurations alternate within every round so that they share the machine's state.
     const bench::Timing timing = bench::time_alternately(exes, rounds, steps);
     std::vector<Row> rows;
@@ -136,7 +140,7 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
       const kiln::Plan& plan = exes[k].plan();
       const bench::Spread& t = timing.per_executor[k];
       rows.push_back({configs[k].name, t.median, t.min, t.max, plan.steps.size(), bytes_moved(plan),
-                      plan.memory.arena_bytes});
+                      plan.memory.arena_bytes, 1000.0 * kiln::predicted_run_seconds(plan, peak)});
     }
     const double base = rows.back().ms;
     target = exes[0].plan().target.isa;
@@ -145,12 +149,13 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
     std::printf("\n%s: training step on %s, batch %d, %d threads, %s, median of %d rounds x %d "
                 "steps\n",
                 network, device.c_str(), batch, threads, target.c_str(), rounds, steps);
-    std::printf("%-20s %9s %17s %8s %8s %12s %12s\n", "configuration", "ms/step", "min..max",
-                "speedup", "kernels", "MiB moved", "peak MiB");
+    std::printf("%-20s %9s %17s %8s %8s %12s %12s %9s %6s\n", "configuration", "ms/step",
+                "min..max", "speedup", "kernels", "MiB moved", "peak MiB", "model ms", "error");
     for (const Row& r : rows) {
-      std::printf("%-20s %9.2f %8.2f..%-8.2f %7.2fx %8zu %12.1f %12.1f\n", r.config.c_str(), r.ms,
-                  r.min, r.max, base / r.ms, r.kernels, static_cast<double>(r.bytes) / 1048576.0,
-                  static_cast<double>(r.peak) / 1048576.0);
+      std::printf("%-20s %9.2f %8.2f..%-8.2f %7.2fx %8zu %12.1f %12.1f %9.2f %+5.0f%%\n",
+                  r.config.c_str(), r.ms, r.min, r.max, base / r.ms, r.kernels,
+                  static_cast<double>(r.bytes) / 1048576.0, static_cast<double>(r.peak) / 1048576.0,
+                  r.model_ms, 100.0 * (r.model_ms - r.ms) / r.ms);
       speedups.back().push_back(base / r.ms);
       results.push_back({{"network", network},
                          {"config", r.config},
@@ -161,6 +166,7 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
                          {"kernels", r.kernels},
                          {"bytes_moved", r.bytes},
                          {"planned_peak_bytes", r.peak},
+                         {"model_ms_per_step", r.model_ms},
                          {"device", device},
                          {"threads", threads},
                          {"batch", batch},

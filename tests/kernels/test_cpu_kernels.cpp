@@ -19,14 +19,11 @@ namespace {
 
 using kiln::Op;
 using kiln::Shape;
-using kiln::TensorType;
 
 /// The variant the CPU selects for a call of `op` with these operand and output shapes.
 std::string variant(Op op, const std::vector<Shape>& inputs, const Shape& out,
                     const kiln::Attrs& attrs) {
-  std::vector<TensorType> types;
-  for (const Shape& s : inputs) types.push_back({s, kiln::f32});
-  return kiln::cpu_backend().select(kiln::KernelQuery{op, &attrs, types, {out, kiln::f32}}).name;
+  return kiln::cpu_backend().select(kiln::test::F32Call(op, inputs, out, attrs).query()).name;
 }
 
 kiln::Attrs conv(int kernel, int padding, std::int64_t h, std::int64_t w, bool channels_last) {

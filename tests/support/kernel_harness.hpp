@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <tbb/task_arena.h>
@@ -37,6 +38,20 @@ inline std::vector<float> tied_values(std::int64_t n, std::uint32_t seed) {
   for (float& f : v) f = static_cast<float>(dist(gen));
   return v;
 }
+
+/// One call of `op` on f32 operands and result of these shapes, as kernel selection and the
+/// cost model are asked about it; the query points into this object.
+struct F32Call {
+  Op op;
+  std::vector<TensorType> in;
+  TensorType out;
+  Attrs attrs;
+  F32Call(Op o, const std::vector<Shape>& inputs, const Shape& result, Attrs a)
+      : op(o), out{result, f32}, attrs(std::move(a)) {
+    for (const Shape& s : inputs) in.push_back({s, f32});
+  }
+  [[nodiscard]] KernelQuery query() const { return {op, &attrs, in, out}; }
+};
 
 inline TensorView view(std::vector<float>& v, const Shape& s) {
   return TensorView{v.data(), s, DType::f32};

@@ -21,6 +21,19 @@ struct KernelQuery {
   TensorType out;
 };
 
+/// The work of one kernel call as its device runs it.
+struct KernelWork {
+  double flops = 0.0; ///< the op's floating-point operations (OpDef::flops)
+  /// Bytes streamed: every operand read once and the result written once, plus any scratch
+  /// matrix the kernel writes and reads back (a convolution's column matrix).
+  double bytes = 0.0;
+  /// Bytes a separate phase copies before the arithmetic starts (a GEMM packing an operand).
+  double packed_bytes = 0.0;
+  /// The share of the multiply-add peak its inner loop can reach on these shapes: below 1
+  /// where the shapes leave a kernel's register tiles partly empty or its inner products short.
+  double compute_fill = 1.0;
+};
+
 /// What passes may know of the device a graph is compiled for, in the spirit of TVM's Target:
 /// which layouts and tile multiples its kernels support, and the yardsticks of its speed. A
 /// backend describes its device with one (Backend::target); passes read it through
@@ -42,6 +55,12 @@ struct Target {
   /// Measures the bytes read plus written per second by a copy far larger than the caches on
   /// `threads` workers, in GB/s; empty when the backend cannot.
   std::function<double(int threads)> copy_gbytes_per_s;
+  /// The same for a copy that stays in the caches (a few MiB, as one layer's activations).
+  std::function<double(int threads)> cache_gbytes_per_s;
+  /// The work its kernel for this call does, as the device runs it: the op's FLOPs, the
+  /// operands' bytes plus the kernel's own scratch traffic, and how well the shapes fill its
+  /// register tiles (passes/cost_model.hpp). Empty: the op's FLOPs and operand bytes alone.
+  std::function<KernelWork(const KernelQuery&)> kernel_work;
 
   /// Whether the backend runs `query` (false for a description without kernel selection).
   [[nodiscard]] bool runs(const KernelQuery& query) const {

@@ -29,6 +29,9 @@ inline const KernelTable* GetKernelTable() {
   static const KernelTable table = [] {
     KernelTable t;
     t.target_name = hwy::TargetName(HWY_TARGET);
+    t.gemm_tile_rows = kGemmMR;
+    t.gemm_tile_columns = GemmNR();
+    t.vector_floats = hn::Lanes(GemmTag());
     RegisterElementwiseKernels(t);
     RegisterReduceKernels(t);
     RegisterGemmKernels(t);

@@ -2,6 +2,8 @@
 // the calls it accepts and the scratch it needs.
 #pragma once
 
+#include <cstddef>
+
 #include "kiln/backends/variant_table.hpp"
 
 namespace kiln::cpu {
@@ -11,6 +13,11 @@ struct KernelTable : VariantTable {
   const char* target_name = "";
   /// GFLOP/s of multiply-adds the calling thread sustains for about `seconds`.
   double (*fma_gflops)(double seconds) = nullptr;
+  /// The GEMM micro-kernel's register tile: rows of the result, and floats across (whole
+  /// vectors), on this target.
+  std::size_t gemm_tile_rows = 1, gemm_tile_columns = 1;
+  /// Floats per SIMD vector: the channels a channels-last kernel's tile spans.
+  std::size_t vector_floats = 1;
 };
 
 /// The kernel table for the best target this CPU supports (Highway dynamic dispatch).

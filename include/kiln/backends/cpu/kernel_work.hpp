@@ -1,0 +1,77 @@
+// The work the CPU kernels do for a call, as the cost model weighs it: which convolution
+// variant runs and whether it writes a column matrix, and how the call's GEMM fills the
+// target's register tiles.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <variant>
+
+#include "kiln/backends/conv_geometry.hpp"
+#include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/workspace.hpp"
+#include "kiln/passes/cost_model.hpp"
+
+namespace kiln::cpu {
+
+/// A GEMM's result rows (m: the register tile's rows), columns (n: its vectors) and depth (k).
+struct GemmExtent {
+  std::int64_t m = 0, n = 0, k = 0;
+};
+
+/// The GEMM each image of a convolution call runs, as the variant that takes the call lays
+/// it out: NCHW kernels put channels on the tile's rows and pixels on its vectors,
+/// channels-last kernels the other way round.
+inline GemmExtent conv_gemm(Op op, const ConvGeometry& g) {
+  const auto i = [](std::size_t v) { return static_cast<std::int64_t>(v); };
+  const std::int64_t taps = i(g.kh * g.kw), out_pixels = i(g.pixels()), in_pixels = i(g.h * g.w);
+  if (g.channels_last) {
+    if (op == Op::Conv2d) return {out_pixels, i(g.o), i(g.c) * taps};
+    if (op == Op::Conv2dGradInput) return {in_pixels, i(g.c), i(g.o) * taps};
+    return {i(g.c) * taps, i(g.o), out_pixels};
+  }
+  if (op == Op::Conv2d) return {i(g.o), out_pixels, i(g.c) * taps};
+  if (op == Op::Conv2dGradInput) {
+    if (conv_reads_shifted_rows(op, g)) return {i(g.c), in_pixels, i(g.o) * taps};
+    return {i(g.c) * taps, out_pixels, i(g.o)};
+  }
+  return {i(g.o), i(g.c) * taps, out_pixels};
+}
+
+/// The share of the peak a GEMM of `extent` reaches on tiles of `rows` x `columns`.
+inline double gemm_fill(const GemmExtent& extent, std::size_t rows, std::size_t columns) {
+  return tile_fill(extent.m, static_cast<std::int64_t>(rows)) *
+         tile_fill(extent.n, static_cast<std::int64_t>(columns)) * depth_fill(extent.k);
+}
+
+/// The work of `query` on the kernels of `table`.
+inline KernelWork kernel_work(const KernelTable& table, const KernelQuery& query) {
+  KernelWork work = operand_work(query);
+  const Op op = query.op;
+  if (op == Op::Conv2d || op == Op::Conv2dGradInput || op == Op::Conv2dGradWeight) {
+    const ConvGeometry g = conv_geometry(op, query);
+    if (!g.channels_last && !g.pointwise() && !conv_reads_shifted_rows(op, g)) {
+      std::array<Shape, max_op_inputs> shapes{};
+      for (std::size_t k = 0; k < query.in.size(); ++k) shapes[k] = query.in[k].shape;
+      work.bytes += static_cast<double>(op_info(op).column_matrix_bytes(CostContext{
+          std::span<const Shape>(shapes.data(), query.in.size()), query.out.shape, *query.attrs}));
+    }
+    work.compute_fill = gemm_fill(conv_gemm(op, g), table.gemm_tile_rows,
+                                  g.channels_last ? table.vector_floats : table.gemm_tile_columns);
+  } else if (op == Op::MatMul) {
+    const Shape& out = query.out.shape;
+    const auto& attrs = std::get<MatMulAttrs>(*query.attrs);
+    const Shape& a = query.in[0].shape;
+    const std::int64_t depth = attrs.transpose_a ? a[0] : a[1];
+    work.compute_fill =
+        gemm_fill({out[0], out[1], depth}, table.gemm_tile_rows, table.gemm_tile_columns);
+    // B is packed into slivers of the tile's width, and A too when it is read transposed.
+    const double packed =
+        static_cast<double>(out[1] * depth + (attrs.transpose_a ? out[0] * depth : 0));
+    work.packed_bytes = 2.0 * 4.0 * packed;
+  }
+  return work;
+}
+
+} // namespace kiln::cpu
