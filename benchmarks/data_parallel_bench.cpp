@@ -24,10 +24,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Flags {
-  int batch = 64, rounds = 5, steps = 10;
+/// The step benchmarks' flags (each rank runs one thread; --batch is the global batch) and
+/// the modelled network.
+struct Flags : bench::StepFlags {
   double link_gbit = 10.0, link_latency_us = 25.0;
-  std::string json;
 };
 
 /// One network's step, compiled both ways, and its gradient buckets.
@@ -256,19 +256,13 @@ int main(int argc, char** argv) {
   CLI::App app("Times data-parallel training steps on 2 MPI ranks against one rank with both "
                "threads, alternately, and models a ring all-reduce on N machines.",
                "data_parallel_bench");
-  kiln::tools::share_conventions(app);
   Flags flags;
-  app.add_option("-b,--batch", flags.batch, "global images per step (half on each rank)")
-      ->check(kiln::tools::integer_in(2, 4096));
-  app.add_option("-r,--rounds", flags.rounds, "rounds; each times every configuration once")
-      ->check(kiln::tools::integer_in(1, 1000));
-  app.add_option("-s,--steps", flags.steps, "timed steps per configuration and round")
-      ->check(kiln::tools::integer_in(1, 10000));
+  flags.steps = 10;
+  bench::add_step_flags(app, flags, false);
   app.add_option("--link-gbit", flags.link_gbit, "the modelled network's bandwidth, Gbit/s")
       ->check(CLI::Range(0.001, 1e6));
   app.add_option("--link-latency-us", flags.link_latency_us,
                  "the modelled network's latency per message, microseconds")
       ->check(CLI::Range(0.0, 1e6));
-  app.add_option("--json", flags.json, "write the results as JSON (docs/json.md)");
   return kiln::tools::run(app, argc, argv, [&] { return run(flags); });
 }
