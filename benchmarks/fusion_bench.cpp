@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "bench_util.hpp"
 #include "kiln/kiln.hpp"
@@ -24,11 +27,13 @@ namespace {
 struct Config {
   std::string name;
   std::vector<std::string> disable;
+  bool tune = false; ///< every pass, with the tuner's measured decisions (Tune::quick)
 };
 
 /// The configurations, from the pipeline's own names: every fuse_* pass is fusion, "layout"
 /// is the layout pass, memory planning is the "schedule" pass and both lowering switches,
 /// every other pass is cleanup, and "all off" is every pass and lowering switch at once.
+/// "tuned" is every pass with Tune::quick, tuned afresh in this run.
 std::vector<Config> make_configs() {
   std::vector<std::string> fusion, cleanup, everything;
   for (const kiln::Pass& p : kiln::default_pipeline) {
@@ -39,10 +44,13 @@ std::vector<Config> make_configs() {
     everything.emplace_back(p.name);
   }
   for (const kiln::LoweringSwitch& s : kiln::lowering_switches) everything.emplace_back(s.name);
-  return {
-      {"all passes", {}},         {"fusion off", fusion},
-      {"layout off", {"layout"}}, {"memory planning off", {"schedule", "plan_memory", "inplace"}},
-      {"cleanup off", cleanup},   {"all off", everything}};
+  return {{"all passes", {}},
+          {"tuned", {}, true},
+          {"fusion off", fusion},
+          {"layout off", {"layout"}},
+          {"memory planning off", {"schedule", "plan_memory", "inplace"}},
+          {"cleanup off", cleanup},
+          {"all off", everything}};
 }
 
 const std::vector<Config> configs = make_configs();
@@ -67,6 +75,28 @@ std::size_t bytes_moved(const kiln::Plan& plan) {
     total += static_cast<std::size_t>(s.output.shape.numel()) * kiln::dtype_size(s.output.dtype);
   }
   return total;
+}
+
+/// What tuning cost: the tuning itself, and a second compile that read its cache.
+struct TuningCost {
+  double seconds = 0.0, cached_compile_ms = 0.0;
+  std::string note;
+};
+
+/// Compiles `g` with Tune::quick into a cache file of this run's own, then again from that
+/// cache, and returns the second executor with what both compiles took.
+kiln::Executor compile_tuned(const kiln::Graph& g, const kiln::Backend& backend, int threads,
+                             const std::filesystem::path& cache, TuningCost& cost) {
+  std::filesystem::remove(cache);
+  const kiln::CompileOptions options{
+      .threads = threads, .tune = kiln::Tune::quick, .tune_cache = cache};
+  cost.seconds = kiln::compile(g, backend, options).report().tuning.seconds;
+  const auto t0 = std::chrono::steady_clock::now();
+  kiln::Executor exe = kiln::compile(g, backend, options);
+  cost.cached_compile_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  cost.note = exe.report().tuning.note;
+  return exe;
 }
 
 struct Row {
@@ -119,6 +149,10 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
   std::vector<std::int32_t> labels;
   bench::random_batch(batch, images, labels);
 
+  // The tuned configuration tunes afresh in every run, into a file of its own.
+  const std::filesystem::path cache =
+      std::filesystem::temp_directory_path() /
+      ("kiln-fusion-bench-tuning-" + std::to_string(::getpid()) + ".json");
   // Measured before any step runs, for the cost model's predictions.
   const kiln::MachinePeak peak = kiln::machine_peak(backend.target(), threads);
   nlohmann::json results = nlohmann::json::array();
@@ -126,8 +160,13 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
     kiln::Graph g;
     bench::build_training_step(g, make, batch, {.lr = 0.01f, .momentum = 0.9f});
     std::vector<kiln::Executor> exes;
+    TuningCost tuning;
     for (const Config& c : configs) {
-      exes.push_back(kiln::compile(g, backend, {.threads = threads, .disable = c.disable}));
+      if (c.tune) {
+        exes.push_back(compile_tuned(g, backend, threads, cache, tuning));
+      } else {
+        exes.push_back(kiln::compile(g, backend, {.threads = threads, .disable = c.disable}));
+      }
       exes.back().set_input("x", images);
       exes.back().set_input("y", labels);
       exes.back().run(); // warm-up: first touch of the arena, caches
@@ -173,9 +212,16 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
                          {"target", target},
                          {"build_type", KILN_BUILD_TYPE},
                          {"other_cores_busy", timing.other_cores}});
+      if (r.config == "tuned") {
+        results.back()["tuning_seconds"] = tuning.seconds;
+        results.back()["cached_compile_ms"] = tuning.cached_compile_ms;
+      }
     }
+    std::printf("tuned: tuning took %.2f s, a second compile read its cache in %.1f ms; %s\n",
+                tuning.seconds, tuning.cached_compile_ms, tuning.note.c_str());
     bench::print_neighbours(timing);
   }
+  std::filesystem::remove(cache);
   json.write(results);
   if (!plot.empty()) {
     const std::string title = "kiln fusion_bench: training step on " + device + ", batch " +

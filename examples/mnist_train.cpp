@@ -45,6 +45,7 @@ struct Options {
   bool allow_non_finite = false;
   bool profile = false;
   bool explain_fusion = false;
+  bool tune = false;
   std::vector<std::string> disable;
   std::string json;
   std::string dot;
@@ -99,8 +100,12 @@ void add_flags(CLI::App& app, Options& o) {
                "keep training when the loss is NaN or infinite (by default the first such step "
                "stops the run with an error naming it)");
   app.add_flag("--explain-fusion", o.explain_fusion,
-               "print every fusion and layout decision with its reason, and every layout "
-               "transform inserted");
+               "print every fusion and layout decision with its reason, every layout "
+               "transform inserted, and with --tune the candidates' times");
+  app.add_flag("--tune", o.tune,
+               "before training, time the compiler's uncertain decisions (a layout group NHWC or "
+               "NCHW, an epilogue fused or apart) on this machine, at most 2 s, and keep the "
+               "faster; cached in $KILN_TUNING_CACHE, else ~/.cache/kiln/tuning.json");
   app.add_option("--disable", o.disable,
                  "switch optimisations off by name, e.g. --disable fuse_elementwise,layout")
       ->delimiter(',')
@@ -273,6 +278,35 @@ void explain_decisions(const kiln::Executor& step) {
   for (const kiln::LayoutTransform& t : step.report().transforms)
     std::printf("  %%%d %s -> %s, %lld elements: %s\n", t.of, t.from.c_str(), t.to.c_str(),
                 static_cast<long long>(t.elements), t.why.c_str());
+  const kiln::TuningReport& tuning = step.report().tuning;
+  if (!tuning.ran) return;
+  std::printf("tuned decisions (ms per step of the kernels each choice changes: cost model, then "
+              "measured; - where the model settled it):\n");
+  for (const kiln::TunedDecision& d : tuning.decisions) {
+    std::printf("  %-22s %s: rule %s, kept %s\n", d.key.c_str(), d.description.c_str(),
+                d.rule.c_str(), d.chosen.c_str());
+    for (const kiln::TuningCandidate& c : d.candidates) {
+      std::printf("      %-6s model %8.3f", c.choice.c_str(), c.predicted_ms);
+      if (c.measured_ms >= 0.0) {
+        std::printf("  measured %8.3f\n", c.measured_ms);
+      } else {
+        std::printf("  measured        -\n");
+      }
+    }
+  }
+}
+
+/// One line on what --tune did.
+void print_tuning(const kiln::TuningReport& t) {
+  if (!t.ran) return;
+  if (t.from_cache) {
+    std::printf("tuning read from %s in %.1f ms: step %.2f ms by the rules, %.2f ms tuned "
+                "(when tuned); %s\n",
+                t.cache_file.c_str(), 1e3 * t.seconds, t.rules_ms, t.tuned_ms, t.note.c_str());
+  } else {
+    std::printf("tuned in %.2f s: step %.2f ms by the rules, %.2f ms tuned; %s\n", t.seconds,
+                t.rules_ms, t.tuned_ms, t.note.c_str());
+  }
 }
 
 void write_dot(const kiln::Executor& step, const std::string& path) {
@@ -389,7 +423,8 @@ int run(const Options& o) {
                                       {.threads = o.threads,
                                        .profile = o.profile,
                                        .disable = o.disable,
-                                       .check_finite = !o.allow_non_finite});
+                                       .check_finite = !o.allow_non_finite,
+                                       .tune = o.tune ? kiln::Tune::quick : kiln::Tune::off});
   // Measured before training, so the measurement neither slows nor is slowed by the steps.
   const kiln::MachinePeak peak = o.profile ? kiln::machine_peak(step.plan()) : kiln::MachinePeak{};
 
@@ -408,6 +443,7 @@ int run(const Options& o) {
               static_cast<double>(plan.memory.naive_bytes) / 1048576.0,
               static_cast<double>(plan.unoptimised_bytes) / 1048576.0, plan.target.backend.c_str(),
               plan.threads, plan.target.isa.c_str());
+  print_tuning(step.report().tuning);
   if (o.explain_fusion) explain_decisions(step);
   if (!o.dot.empty()) write_dot(step, o.dot);
   std::fflush(stdout);

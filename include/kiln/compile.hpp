@@ -2,6 +2,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -16,6 +18,8 @@
 #include "kiln/plan/lower.hpp"
 #include "kiln/runtime/executor.hpp"
 #include "kiln/runtime/profiler.hpp"
+#include "kiln/tuner.hpp"
+#include "kiln/tuning_cache.hpp"
 
 namespace kiln {
 
@@ -39,6 +43,16 @@ struct CompileOptions {
   /// loss, is NaN or infinite, naming the run: training stops at the first bad step instead of
   /// carrying NaN into every weight.
   bool check_finite = false;
+  /// Tune::quick times the decisions the cost model cannot settle (a group's layout, an
+  /// epilogue's fusion) on the real shapes and keeps the faster choice; the report's `tuning`
+  /// says what it weighed and measured. The result is cached per machine, threads and graph,
+  /// so compiling the same step again reads it back. The parameters are left as they were.
+  Tune tune = Tune::off;
+  /// The most seconds a tuning may take, measuring the machine's peak included.
+  double tune_seconds = 2.0;
+  /// The tuning cache file; empty: default_tuning_cache() ($KILN_TUNING_CACHE, else under
+  /// $XDG_CACHE_HOME or ~/.cache).
+  std::filesystem::path tune_cache{};
 };
 
 /// The most worker threads a compilation takes: four per hardware thread.
@@ -55,16 +69,10 @@ inline std::vector<std::string> optimisation_names() {
   return names;
 }
 
-/// Optimises a copy of `graph` with the default pipeline, lowers it and prepares it to run
-/// on `backend` (default: the CPU). The user's graph and its Values stay valid: outputs are
-/// read from the executor with the Values of `graph`.
-inline Executor compile(const Graph& graph, const Backend& backend,
-                        const CompileOptions& options = {}) {
-  if (options.threads < 0 || options.threads > max_threads())
-    fail(errc::argument, "compile: threads is " + std::to_string(options.threads) +
-                             "; it must be 0 (every core) to " + std::to_string(max_threads()) +
-                             " (four per hardware thread)");
-  verify(graph);
+namespace detail {
+
+/// The passes' and lowering's switches of `options`, checked: unknown names are an error.
+inline std::pair<PassContext, LowerOptions> compile_switches(const CompileOptions& options) {
   PassContext ctx;
   LowerOptions lowering{.threads = options.threads};
   for (const std::string& name : options.disable) {
@@ -85,7 +93,15 @@ inline Executor compile(const Graph& graph, const Backend& backend,
     }
   }
   ctx.dump_ir = options.dump_ir;
+  return {std::move(ctx), lowering};
+}
+
+/// Optimises a copy of `graph` with `decisions` forced on the passes, and lowers it.
+inline Lowered optimise_and_lower(const Graph& graph, const Backend& backend,
+                                  const CompileOptions& options, const Decisions& decisions) {
+  auto [ctx, lowering] = compile_switches(options);
   ctx.target = backend.target();
+  ctx.decisions = decisions;
   std::shared_ptr<Graph> optimised = graph.clone();
   run_passes(*optimised, default_pipeline, ctx);
   ctx.report.optimised = optimised;
@@ -95,9 +111,61 @@ inline Executor compile(const Graph& graph, const Backend& backend,
   plan.origin = &graph;
   plan.output_origins = graph.outputs();
   plan.unoptimised_bytes = unshared_bytes(graph);
-  Executor exe(std::move(plan), backend, std::move(ctx.report));
+  return {std::move(plan), std::move(ctx.report)};
+}
+
+inline Executor open_lowered(Lowered lowered, const Backend& backend,
+                             const CompileOptions& options) {
+  Executor exe(std::move(lowered.plan), backend, std::move(lowered.report));
   exe.set_profiling(options.profile);
   return exe;
+}
+
+} // namespace detail
+
+/// Optimises a copy of `graph` with the default pipeline, lowers it and prepares it to run
+/// on `backend` (default: the CPU). The user's graph and its Values stay valid: outputs are
+/// read from the executor with the Values of `graph`. With options.tune, the passes' uncertain
+/// decisions are measured first (or read from the tuning cache).
+inline Executor compile(const Graph& graph, const Backend& backend,
+                        const CompileOptions& options = {}) {
+  if (options.threads < 0 || options.threads > max_threads())
+    fail(errc::argument, "compile: threads is " + std::to_string(options.threads) +
+                             "; it must be 0 (every core) to " + std::to_string(max_threads()) +
+                             " (four per hardware thread)");
+  if (options.tune != Tune::off && options.tune != Tune::quick)
+    fail(errc::argument, "compile: tune is " + std::to_string(static_cast<int>(options.tune)) +
+                             "; it must be Tune::off or Tune::quick");
+  if (!std::isfinite(options.tune_seconds) || options.tune_seconds <= 0.0 ||
+      options.tune_seconds > 3600.0)
+    fail(errc::argument, "compile: tune_seconds is " + std::to_string(options.tune_seconds) +
+                             "; it must be more than 0 and at most 3600");
+  verify(graph);
+  (void)detail::compile_switches(options); // unknown names fail before any tuning
+  if (options.tune == Tune::off)
+    return detail::open_lowered(detail::optimise_and_lower(graph, backend, options, {}), backend,
+                                options);
+  const Target& target = backend.target();
+  const int threads = options.threads > 0 ? options.threads : target.default_threads;
+  std::string disabled;
+  for (const std::string& name : options.disable) disabled += (disabled.empty() ? "" : ",") + name;
+  const TunerSettings settings{options.tune_seconds,
+                               options.tune_cache.empty() ? default_tuning_cache()
+                                                          : options.tune_cache,
+                               TuningCache::key(target, threads, graph, disabled),
+                               TuningCache::machine_key(target, threads)};
+  CompileOptions trial = options; // the tuner's trials write no IR and time themselves
+  trial.dump_ir = nullptr;
+  trial.profile = false;
+  return compile_tuned(
+      settings,
+      [&](const Decisions& d) { return detail::optimise_and_lower(graph, backend, trial, d); },
+      [&](Lowered l) { return detail::open_lowered(std::move(l), backend, trial); },
+      [&](const Decisions& d, TuningReport report) {
+        Lowered l = detail::optimise_and_lower(graph, backend, options, d);
+        l.report.tuning = std::move(report);
+        return detail::open_lowered(std::move(l), backend, options);
+      });
 }
 
 inline Executor compile(const Graph& graph, const CompileOptions& options = {}) {

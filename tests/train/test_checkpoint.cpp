@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/kiln.hpp"
+#include "support/temp_folder.hpp"
 
 namespace fs = std::filesystem;
 
@@ -25,13 +26,9 @@ namespace {
 
 using Bytes = std::vector<char>;
 
-/// A folder of its own under the system's temporary directory, removed afterwards.
-struct Folder {
-  fs::path path = fs::temp_directory_path() / ("kiln-checkpoint-" + std::to_string(::getpid()));
-  Folder() { fs::create_directories(path); }
-  Folder(const Folder&) = delete;
-  Folder& operator=(const Folder&) = delete;
-  ~Folder() { fs::remove_all(path); }
+/// A folder of this test's own, removed afterwards.
+struct Folder : kiln::test::TempFolder {
+  Folder() : TempFolder("kiln-checkpoint") {}
 };
 
 Bytes read_all(const fs::path& p) {

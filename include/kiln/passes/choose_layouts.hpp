@@ -176,11 +176,25 @@ inline Analysis analyse(const Graph& g, const Target& target) {
 }
 
 /// The layout of each group, with the bytes its last weighing in which it had something to
-/// save quoted for it (what the report shows for a group that stays NCHW).
+/// save quoted for it (what the report shows for a group that stays NCHW), and the layout a
+/// forced decision asked for (-1: none, 0: NCHW, 1: NHWC).
 struct Weighing {
   std::vector<bool> nhwc;
   std::vector<std::int64_t> saved, cost;
+  std::vector<std::int8_t> wanted;
 };
+
+/// Each group's first value that a convolution's layout concerns (rank 4, in a group a
+/// convolution touches), by group; -1 for the others. Decisions and the report name groups so.
+inline std::vector<ValueId> first_values(const Graph& g, Analysis& a) {
+  std::vector<ValueId> first(static_cast<std::size_t>(g.size()), -1);
+  for (ValueId id = 0; id < g.size(); ++id) {
+    const auto group = static_cast<std::size_t>(a.groups.find(id));
+    if (a.touches_conv[group] && g.node(id).type.shape.rank() == 4 && first[group] < 0)
+      first[group] = id;
+  }
+  return first;
+}
 
 /// Bytes each group would save (column matrices) and pay (reorders at its edges) as NHWC.
 inline std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>
@@ -206,16 +220,24 @@ bytes_for_nhwc(const Graph& g, Analysis& a) {
   return {std::move(saved), std::move(cost)};
 }
 
-/// Makes a group NHWC where that saves more than it costs; a convolution whose activations
-/// did not all go NHWC stays NCHW, and then the groups are weighed again.
-inline Weighing weigh(const Graph& g, Analysis& a) {
+/// Makes a group NHWC where that saves more than it costs, or as `decisions` force it where it
+/// has something to save; a convolution whose activations did not all go NHWC stays NCHW, and
+/// then the groups are weighed again.
+inline Weighing weigh(const Graph& g, Analysis& a, const Decisions& decisions) {
   const auto count = static_cast<std::size_t>(g.size());
   Weighing w{std::vector<bool>(count, false), std::vector<std::int64_t>(count, 0),
-             std::vector<std::int64_t>(count, 0)};
+             std::vector<std::int64_t>(count, 0), std::vector<std::int8_t>(count, -1)};
+  const std::vector<ValueId> first = first_values(g, a);
   for (bool settled = false; !settled;) {
     const auto [saved, cost] = bytes_for_nhwc(g, a);
     for (std::size_t v = 0; v < count; ++v) {
       w.nhwc[v] = saved[v] > cost[v];
+      const std::string* choice =
+          first[v] >= 0 && saved[v] > 0 ? decisions.find(layout_decision_key(first[v])) : nullptr;
+      if (choice) {
+        w.wanted[v] = *choice == "NHWC" ? 1 : 0;
+        w.nhwc[v] = w.wanted[v] == 1;
+      }
       if (saved[v] > 0) {
         w.saved[v] = saved[v];
         w.cost[v] = cost[v];
@@ -244,7 +266,9 @@ inline void record_decisions(const Graph& g, Analysis& a, const Weighing& w, Pas
     if (!a.touches_conv[group] || g.node(id).type.shape.rank() != 4) continue;
     if (decision_of[group] < 0) {
       decision_of[group] = static_cast<std::int32_t>(ctx.report.layouts.size());
-      const LayoutReason reason = w.nhwc[group]        ? LayoutReason::channels_last
+      const bool as_wanted = w.wanted[group] == (w.nhwc[group] ? 1 : 0);
+      const LayoutReason reason = as_wanted            ? LayoutReason::measured
+                                  : w.nhwc[group]      ? LayoutReason::channels_last
                                   : w.saved[group] > 0 ? LayoutReason::reorders_cost_more
                                                        : LayoutReason::not_eligible;
       ctx.report.layouts.push_back(
@@ -382,11 +406,13 @@ private:
 /// column matrices its convolutions' channels-last kernels avoid outweigh the reorders it
 /// needs at its edges (values made or read by ops that only know NCHW, graph outputs); a
 /// convolution runs channels-last only when all its activations do and the target has a
-/// kernel for it. Every decision and every inserted reorder is recorded in the compile report.
+/// kernel for it. A group the context's decisions name (layout_decision_key of its first value)
+/// takes their layout instead, where it has something to save. Every decision and every
+/// inserted reorder is recorded in the compile report.
 inline PassResult choose_layouts(Graph& g, PassContext& ctx) {
   using namespace layout_detail;
   Analysis analysis = analyse(g, ctx.target);
-  const Weighing weighing = weigh(g, analysis);
+  const Weighing weighing = weigh(g, analysis, ctx.decisions);
   PassResult result;
   record_decisions(g, analysis, weighing, ctx, result);
   if (result.stats.empty()) return result;

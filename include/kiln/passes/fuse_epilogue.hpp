@@ -48,7 +48,8 @@ inline bool consumer_program(const Node& n, ConsumerProgram& out) {
 /// relu (+ residual add) after a forward conv or linear layer, the relu gradient's mask after
 /// a grad-input GEMM, the optimizer update after a weight gradient. When the consumer's value
 /// is only assigned to a param that nothing later reads, the epilogue stores it there and the
-/// assign goes, unless the anchor itself reads that param. Every anchor that feeds an elementwise
+/// assign goes, unless the anchor itself reads that param. A fusion the context's decisions
+/// keep "apart" (epilogue_decision_key) is left undone. Every anchor that feeds an elementwise
 /// node gets a decision in ctx.report.fusion.
 inline PassResult fuse_epilogue(Graph& g, PassContext& ctx) {
   const auto n = static_cast<std::size_t>(g.size());
@@ -143,6 +144,11 @@ inline PassResult fuse_epilogue(Graph& g, PassContext& ctx) {
           });
       if (stores_own_operand) {
         decide(p, id, FusionReason::state_hazard);
+        continue;
+      }
+      if (const std::string* choice = ctx.decisions.find(epilogue_decision_key(p, id));
+          choice && *choice == "apart") {
+        decide(p, id, FusionReason::measured_apart);
         continue;
       }
       if (absorbed >= 0) {

@@ -17,6 +17,7 @@
 #include "kiln/ir/printer.hpp"
 #include "kiln/ops/effects.hpp"
 #include "kiln/ops/verifier.hpp"
+#include "kiln/passes/decisions.hpp"
 #include "kiln/passes/report.hpp"
 #include "kiln/passes/target.hpp"
 
@@ -49,6 +50,8 @@ struct PassContext {
 #endif
   /// The device compiled for; passes that depend on it (layout) read it here.
   Target target;
+  /// Choices measured by a tuner, which replace the passes' rules where given.
+  Decisions decisions;
   CompileReport report;
 
   [[nodiscard]] bool enabled(std::string_view name) const { return !disabled.contains(name); }

@@ -35,12 +35,14 @@ enum class FusionReason : std::uint8_t {
   consumer_taken,       ///< the consumer already carries another anchor's epilogue
   state_hazard,         ///< moving the anchor to its consumer would read an updated param
   read_too_early,       ///< the producer's value is read before the consumer runs
+  measured_apart,       ///< the tuner measured the two kernels apart faster than fused
 };
 
 constexpr std::string_view fusion_reason_name(FusionReason r) {
   constexpr std::string_view names[] = {
-      "fused",           "several_consumers", "graph_output", "would_duplicate_work", "not_fusable",
-      "too_many_inputs", "consumer_taken",    "state_hazard", "read_too_early"};
+      "fused",          "several_consumers", "graph_output",   "would_duplicate_work",
+      "not_fusable",    "too_many_inputs",   "consumer_taken", "state_hazard",
+      "read_too_early", "measured_apart"};
   return names[static_cast<std::size_t>(r)];
 }
 
@@ -60,10 +62,12 @@ enum class LayoutReason : std::uint8_t {
                       ///< at the group's edges cost
   reorders_cost_more, ///< the reorders at its edges would cost more than its convolutions save
   not_eligible,       ///< none of its convolutions has a channels-last kernel for its shape
+  measured,           ///< the tuner measured this layout faster than the rule's choice
 };
 
 constexpr std::string_view layout_reason_name(LayoutReason r) {
-  constexpr std::string_view names[] = {"channels_last", "reorders_cost_more", "not_eligible"};
+  constexpr std::string_view names[] = {"channels_last", "reorders_cost_more", "not_eligible",
+                                        "measured"};
   return names[static_cast<std::size_t>(r)];
 }
 
@@ -87,12 +91,42 @@ struct LayoutTransform {
   std::string why;
 };
 
+/// One candidate of a tuned decision: the cost model's time for the kernels it changes, and the
+/// time measured for them (negative where the tuner trusted the model and did not measure).
+struct TuningCandidate {
+  std::string choice; ///< e.g. "fuse", "apart", "NHWC"
+  double predicted_ms = 0.0;
+  double measured_ms = -1.0;
+};
+
+/// One decision the tuner weighed: the pass's key for it, what the rule chose, what the
+/// tuner kept, and each candidate's times (over the kernels the choice changes, per run).
+struct TunedDecision {
+  std::string key;         ///< as Decisions keys it, e.g. "epilogue %66 -> %70"
+  std::string description; ///< e.g. "matmul %66 with its consumer fused_elementwise %70"
+  std::string rule, chosen;
+  std::vector<TuningCandidate> candidates;
+};
+
+/// What CompileOptions::tune did: whether it measured or read its cache, how long it took,
+/// the whole step under the rules and as tuned, and every decision it weighed.
+struct TuningReport {
+  bool ran = false;        ///< tuning was asked for
+  bool from_cache = false; ///< the decisions came from the cache file; nothing was measured
+  std::string cache_file;
+  std::string note;     ///< what the tuner concluded, or why it kept the rules
+  double seconds = 0.0; ///< spent tuning (measuring the peak included), or reading the cache
+  double rules_ms = 0.0, tuned_ms = 0.0; ///< median step time under each, measured side by side
+  std::vector<TunedDecision> decisions;
+};
+
 /// Everything compilation learned: per pass records and fusion decisions.
 struct CompileReport {
   std::vector<PassRecord> passes;
   std::vector<FusionDecision> fusion;
   std::vector<LayoutDecision> layouts;
   std::vector<LayoutTransform> transforms;
+  TuningReport tuning;
   /// The graph as lowered, after every pass (draw it with to_dot, print it with to_text).
   std::shared_ptr<const Graph> optimised;
 
