@@ -49,11 +49,12 @@ private:
   fs::path path_;
 };
 
-using Bytes = std::vector<std::uint8_t>;
+using IdxBytes = std::vector<std::uint8_t>;
 
 /// An IDX header (type byte, rank from dims.size(), big-endian dims) followed by `payload`.
-Bytes idx_bytes(std::vector<std::uint32_t> dims, const Bytes& payload, std::uint8_t type = 0x08) {
-  Bytes out = {0, 0, type, static_cast<std::uint8_t>(dims.size())};
+IdxBytes idx_bytes(std::vector<std::uint32_t> dims, const IdxBytes& payload,
+                   std::uint8_t type = 0x08) {
+  IdxBytes out = {0, 0, type, static_cast<std::uint8_t>(dims.size())};
   for (std::uint32_t d : dims)
     for (int shift = 24; shift >= 0; shift -= 8)
       out.push_back(static_cast<std::uint8_t>(d >> shift));
@@ -61,20 +62,20 @@ Bytes idx_bytes(std::vector<std::uint32_t> dims, const Bytes& payload, std::uint
   return out;
 }
 
-Bytes iota_bytes(std::size_t n, std::uint8_t start = 0) {
-  Bytes b(n);
+IdxBytes iota_bytes(std::size_t n, std::uint8_t start = 0) {
+  IdxBytes b(n);
   std::uint8_t next = start;
   for (std::uint8_t& v : b) v = next++;
   return b;
 }
 
-void write_plain(const fs::path& path, const Bytes& bytes) {
+void write_plain(const fs::path& path, const IdxBytes& bytes) {
   std::ofstream f(path, std::ios::binary);
   f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   REQUIRE(f.good());
 }
 
-void write_gz(const fs::path& path, const Bytes& bytes) {
+void write_gz(const fs::path& path, const IdxBytes& bytes) {
   gzFile gz = gzopen(path.c_str(), "wb");
   REQUIRE(gz != nullptr);
   if (!bytes.empty())
@@ -83,9 +84,9 @@ void write_gz(const fs::path& path, const Bytes& bytes) {
   REQUIRE(gzclose(gz) == Z_OK);
 }
 
-Bytes read_all(const fs::path& path) {
+IdxBytes file_bytes(const fs::path& path) {
   std::ifstream f(path, std::ios::binary);
-  return Bytes(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  return IdxBytes(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
 /// Runs `fn`, requires a kiln::Error with `code` whose message contains `needle`.
@@ -129,7 +130,7 @@ std::vector<std::int64_t> epoch_order(BatchLoader& loader, int epoch) {
 
 /// Writes an MNIST-style split (images [n,h,w], labels [n]) into dir.
 void write_split(const TempDir& dir, const std::string& prefix, std::uint32_t n,
-                 const Bytes& labels, bool gz = false) {
+                 const IdxBytes& labels, bool gz = false) {
   const std::string suffix = gz ? ".gz" : "";
   const auto write = gz ? write_gz : write_plain;
   write(dir / (prefix + "-images-idx3-ubyte" + suffix), idx_bytes({n, 2, 2}, iota_bytes(n * 4)));
@@ -150,7 +151,7 @@ TEST_CASE("read_idx: plain file round-trip") {
 
 TEST_CASE("read_idx: gzip file round-trip, detected by content not name") {
   TempDir dir;
-  const Bytes payload = iota_bytes(5 * 4 * 3 * 2, 1);
+  const IdxBytes payload = iota_bytes(5 * 4 * 3 * 2, 1);
   const auto gz_named = dir / "b.gz";
   const auto gz_unnamed = dir / "b-idx4-ubyte";
   write_gz(gz_named, idx_bytes({5, 4, 3, 2}, payload));
@@ -162,7 +163,7 @@ TEST_CASE("read_idx: gzip file round-trip, detected by content not name") {
   }
   const auto rank1 = dir / "labels.gz";
   write_gz(rank1, idx_bytes({4}, {0, 1, 2, 3}));
-  CHECK(kiln::data::read_idx(rank1).data == Bytes{0, 1, 2, 3});
+  CHECK(kiln::data::read_idx(rank1).data == IdxBytes{0, 1, 2, 3});
 }
 
 TEST_CASE("read_idx: truncated files") {
@@ -174,7 +175,7 @@ TEST_CASE("read_idx: truncated files") {
   }
   SUBCASE("plain header short") {
     const auto path = dir / "short-header";
-    Bytes b = idx_bytes({3, 2, 2}, {});
+    IdxBytes b = idx_bytes({3, 2, 2}, {});
     b.resize(9);
     write_plain(path, b);
     check_idx_error(path, kiln::errc::truncated);
@@ -196,7 +197,7 @@ TEST_CASE("read_idx: truncated files") {
   }
   SUBCASE("gzip stream cut off") {
     // Pseudo-random bytes do not compress, so cutting the file cuts the payload itself.
-    Bytes payload(64 * 1024);
+    IdxBytes payload(64 * 1024);
     std::uint32_t x = 12345;
     for (auto& v : payload) {
       x = x * 1664525u + 1013904223u;
@@ -204,7 +205,7 @@ TEST_CASE("read_idx: truncated files") {
     }
     const auto full = dir / "full.gz";
     write_gz(full, idx_bytes({64, 1024}, payload));
-    Bytes compressed = read_all(full);
+    IdxBytes compressed = file_bytes(full);
     REQUIRE(compressed.size() > 1000);
     compressed.resize(compressed.size() / 2);
     const auto path = dir / "cut.gz";
@@ -216,8 +217,8 @@ TEST_CASE("read_idx: truncated files") {
 TEST_CASE("read_idx: corrupt gzip data") {
   TempDir dir;
   const auto full = dir / "ok.gz";
-  write_gz(full, idx_bytes({100, 100}, Bytes(10000, 3)));
-  Bytes compressed = read_all(full);
+  write_gz(full, idx_bytes({100, 100}, IdxBytes(10000, 3)));
+  IdxBytes compressed = file_bytes(full);
   REQUIRE(compressed.size() > 30);
   // Past the 10-byte gzip header: damages the deflate stream or its CRC trailer.
   for (std::size_t i = 12; i < compressed.size(); ++i) compressed[i] ^= 0x5a;
@@ -566,27 +567,27 @@ TEST_CASE("read_idx: a gzip stream must end with its trailer, and nothing may fo
   TempDir dir;
   const auto full = dir / "ok.gz";
   write_gz(full, idx_bytes({100, 100}, iota_bytes(10000)));
-  const Bytes compressed = read_all(full);
+  const IdxBytes compressed = file_bytes(full);
   REQUIRE(compressed.size() > 8);
   SUBCASE("the 8-byte trailer (CRC and length) cut off") {
-    Bytes cut(compressed.begin(), compressed.end() - 8);
+    IdxBytes cut(compressed.begin(), compressed.end() - 8);
     write_plain(dir / "cut.gz", cut);
     check_idx_error(dir / "cut.gz", kiln::errc::truncated, "cut off before its trailer");
   }
   SUBCASE("a flipped bit in the CRC") {
-    Bytes flipped = compressed;
+    IdxBytes flipped = compressed;
     flipped[flipped.size() - 8] ^= 0x01;
     write_plain(dir / "crc.gz", flipped);
     check_idx_error(dir / "crc.gz", kiln::errc::format, "corrupt gzip data");
   }
   SUBCASE("junk after the stream") {
-    Bytes junk = compressed;
+    IdxBytes junk = compressed;
     for (const char c : std::string("junk")) junk.push_back(static_cast<std::uint8_t>(c));
     write_plain(dir / "junk.gz", junk);
     check_idx_error(dir / "junk.gz", kiln::errc::format, "data after the end of the gzip stream");
   }
   SUBCASE("a second gzip member after the first") {
-    Bytes twice = compressed;
+    IdxBytes twice = compressed;
     twice.insert(twice.end(), compressed.begin(), compressed.end());
     write_plain(dir / "twice.gz", twice);
     check_idx_error(dir / "twice.gz", kiln::errc::format, "data after the end of the gzip stream");
@@ -600,7 +601,7 @@ TEST_CASE("read_idx: a gzip stream must end with its trailer, and nothing may fo
 TEST_CASE("read_idx: the caller caps the decompressed payload before it is read") {
   TempDir dir;
   const auto path = dir / "big.gz";
-  write_gz(path, idx_bytes({100, 100}, Bytes(10000, 0)));
+  write_gz(path, idx_bytes({100, 100}, IdxBytes(10000, 0)));
   check_error([&] { (void)kiln::data::read_idx(path, 4096); }, kiln::errc::format,
               "payload exceeds the 4096-byte limit");
   CHECK(kiln::data::read_idx(path, 10000).data.size() == 10000);

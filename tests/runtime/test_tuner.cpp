@@ -22,24 +22,24 @@ namespace fs = std::filesystem;
 namespace {
 
 /// A folder of this test's own, removed afterwards.
-struct Folder : kiln::test::TempFolder {
-  Folder() : TempFolder("kiln-tuner") {}
+struct CacheFolder : kiln::test::TempFolder {
+  CacheFolder() : TempFolder("kiln-tuner") {}
 };
 
-std::string read_all(const fs::path& p) {
+std::string file_text(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
 /// LeNet-5's training step at a small batch, its parameters seeded the same every time.
-struct Step {
+struct LenetStep {
   kiln::nn::Sequential net;
   kiln::Graph graph;
   kiln::Value loss;
   std::vector<float> images;
   std::vector<std::int32_t> labels;
 
-  explicit Step(std::int64_t batch = 16) {
+  explicit LenetStep(std::int64_t batch = 16) {
     kiln::nn::manual_seed(3);
     net = kiln::nn::models::lenet5();
     auto x = graph.input("x", {batch, 1, 28, 28});
@@ -77,7 +77,7 @@ struct Step {
 };
 
 /// Compiles `step` on 2 threads with tuning, its decisions cached in `cache`.
-kiln::Executor compile_with_tuning(Step& step, const fs::path& cache, double seconds = 5.0) {
+kiln::Executor compile_with_tuning(LenetStep& step, const fs::path& cache, double seconds = 5.0) {
   return kiln::compile(
       step.graph,
       {.threads = 2, .tune = kiln::Tune::quick, .tune_seconds = seconds, .tune_cache = cache});
@@ -99,11 +99,11 @@ void check_same_losses(const std::vector<float>& a, const std::vector<float>& b)
 
 TEST_CASE("tuner: decisions read from the cache change exactly the named layout and epilogue, "
           "and the losses stay the same") {
-  Folder folder;
+  CacheFolder folder;
   const fs::path cache_file = folder.path / "tuning.json";
-  Step step;
+  LenetStep step;
   kiln::Executor rules = kiln::compile(step.graph, {.threads = 2});
-  const auto start = Step::state(rules);
+  const auto start = LenetStep::state(rules);
 
   // The rules make LeNet-5's second convolution's group NHWC and fuse some epilogue.
   const kiln::CompileReport& report = rules.report();
@@ -196,7 +196,7 @@ TEST_CASE("tuner: every choice the tuner can make trains the reference networks 
       return out;
     };
     kiln::Executor rules = kiln::compile(g, {.threads = 2});
-    const auto start = Step::state(rules);
+    const auto start = LenetStep::state(rules);
     const std::vector<float> expected = losses(rules);
     restore(rules, start);
 
@@ -210,7 +210,7 @@ TEST_CASE("tuner: every choice the tuner can make trains the reference networks 
     CHECK_FALSE(layouts.decisions.empty());
     CHECK_FALSE(epilogues.decisions.empty());
     for (const kiln::TuningEntry* entry : {&layouts, &epilogues}) {
-      Folder folder;
+      CacheFolder folder;
       kiln::TuningCache cache(folder.path / "tuning.json");
       cache.set(kiln::TuningCache::key(kiln::cpu_backend().target(), 2, g, ""), *entry);
       REQUIRE(cache.store().empty());
@@ -226,15 +226,15 @@ TEST_CASE("tuner: every choice the tuner can make trains the reference networks 
 
 TEST_CASE("tuner: a tuning measures what the model cannot settle, leaves the weights as they "
           "were, and a second compile reads its cache") {
-  Folder folder;
+  CacheFolder folder;
   const fs::path cache_file = folder.path / "nested" / "tuning.json";
-  Step step;
+  LenetStep step;
   kiln::Executor rules = kiln::compile(step.graph, {.threads = 2});
-  const auto start = Step::state(rules);
+  const auto start = LenetStep::state(rules);
 
   kiln::Executor tuned = compile_with_tuning(step, cache_file);
   // Tuning trains on made-up batches; the weights and momentum must be back as they were.
-  CHECK(Step::state(tuned) == start);
+  CHECK(LenetStep::state(tuned) == start);
   const kiln::TuningReport& t = tuned.report().tuning;
   CHECK(t.ran);
   CHECK_FALSE(t.from_cache);
@@ -260,7 +260,7 @@ TEST_CASE("tuner: a tuning measures what the model cannot settle, leaves the wei
   }
   CHECK(measured > 0);
   REQUIRE(fs::exists(cache_file));
-  CHECK(read_all(cache_file).find("\"kiln.tuning.v1\"") != std::string::npos);
+  CHECK(file_text(cache_file).find("\"kiln.tuning.v1\"") != std::string::npos);
 
   // Tuned and untuned train alike.
   const std::vector<float> tuned_losses = step.losses(tuned, 4);
@@ -285,8 +285,8 @@ TEST_CASE("tuner: a tuning measures what the model cannot settle, leaves the wei
 }
 
 TEST_CASE("tuner: at its time cap the rules decide what was not measured") {
-  Folder folder;
-  Step step;
+  CacheFolder folder;
+  LenetStep step;
   kiln::Executor exe = compile_with_tuning(step, folder.path / "tuning.json", 0.001);
   const kiln::TuningReport& t = exe.report().tuning;
   CHECK(t.ran);
@@ -298,32 +298,32 @@ TEST_CASE("tuner: at its time cap the rules decide what was not measured") {
 }
 
 TEST_CASE("tuner: a file that is not a tuning cache is neither read nor overwritten") {
-  Folder folder;
+  CacheFolder folder;
   const fs::path file = folder.path / "notes.json";
   for (const std::string& text : {std::string("my notes, not JSON"), std::string("{\"a\": 1}")}) {
     std::ofstream(file) << text;
-    Step step;
+    LenetStep step;
     kiln::Executor exe = compile_with_tuning(step, file, 0.001);
     CHECK(exe.report().tuning.note.find("is not a kiln tuning cache") != std::string::npos);
     CHECK(exe.report().tuning.note.find(file.string()) != std::string::npos);
-    CHECK(read_all(file) == text);
+    CHECK(file_text(file) == text);
   }
 }
 
 TEST_CASE("tuner: the cache key names the machine, threads and graph") {
   const kiln::Target& target = kiln::cpu_backend().target();
-  Step a(16), b(32);
+  LenetStep a(16), b(32);
   const std::string key = kiln::TuningCache::key(target, 2, a.graph, "");
   CHECK(key.find(kiln::cpu_model_name()) != std::string::npos);
   CHECK(key.find(target.isa) != std::string::npos);
   CHECK(key != kiln::TuningCache::key(target, 1, a.graph, ""));
   CHECK(key != kiln::TuningCache::key(target, 2, b.graph, ""));
   CHECK(key != kiln::TuningCache::key(target, 2, a.graph, "layout"));
-  CHECK(key == kiln::TuningCache::key(target, 2, Step(16).graph, ""));
+  CHECK(key == kiln::TuningCache::key(target, 2, LenetStep(16).graph, ""));
 }
 
 TEST_CASE("tuner: bad tuning options are errors naming the option") {
-  Step step;
+  LenetStep step;
   for (const double seconds : {0.0, -1.0, std::nan(""), 1e6}) {
     try {
       (void)kiln::compile(step.graph, {.tune = kiln::Tune::quick, .tune_seconds = seconds});

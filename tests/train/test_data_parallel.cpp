@@ -19,7 +19,7 @@
 
 namespace {
 
-struct Network {
+struct ReferenceNetwork {
   const char* name;
   kiln::nn::Sequential (*make)();
 };
@@ -32,13 +32,13 @@ struct Rank {
   std::unique_ptr<kiln::Executor> exe;
   std::int64_t batch;
 
-  Rank(const Network& network, std::int64_t batch_size, std::shared_ptr<kiln::Communicator> world,
-       std::size_t bucket_bytes = 1 << 20)
+  Rank(const ReferenceNetwork& network, std::int64_t batch_size,
+       std::shared_ptr<kiln::Communicator> world, std::size_t bucket_bytes = 1 << 20)
       : net(make(network)), step(build(g, net, batch_size, std::move(world), bucket_bytes)),
         exe(std::make_unique<kiln::Executor>(kiln::compile(g, {.threads = 1}))), batch(batch_size) {
   }
 
-  static kiln::nn::Sequential make(const Network& network) {
+  static kiln::nn::Sequential make(const ReferenceNetwork& network) {
     kiln::nn::manual_seed(9); // every rank starts from the same weights
     return network.make();
   }
@@ -90,11 +90,11 @@ Batches random_batches(int count, std::int64_t batch) {
 
 TEST_CASE("data parallel: 2 ranks x batch 32 follow 1 rank x batch 64, parameters identical "
           "across ranks") {
-  const Network networks[] = {{"mnist_cnn", &kiln::nn::models::mnist_cnn},
-                              {"lenet5", &kiln::nn::models::lenet5}};
+  const ReferenceNetwork networks[] = {{"mnist_cnn", &kiln::nn::models::mnist_cnn},
+                                       {"lenet5", &kiln::nn::models::lenet5}};
   const int steps = 10;
   const Batches data = random_batches(steps, 64);
-  for (const Network& network : networks) {
+  for (const ReferenceNetwork& network : networks) {
     INFO(network.name);
     Rank single(network, 64, nullptr);
     std::vector<float> expected;
@@ -179,7 +179,7 @@ TEST_CASE("data parallel: broadcast gives every rank rank 0's parameters, and di
   std::vector<std::unique_ptr<Rank>> ranks;
   for (int r = 0; r < 2; ++r)
     ranks.push_back(
-        std::make_unique<Rank>(Network{"lenet5", &kiln::nn::models::lenet5}, 8, world[r]));
+        std::make_unique<Rank>(ReferenceNetwork{"lenet5", &kiln::nn::models::lenet5}, 8, world[r]));
   ranks[1]->state()[0].tensor->f32()[3] += 1.0f;
   std::vector<std::string> errors(2);
   const auto on_each_rank = [&](auto body) {
