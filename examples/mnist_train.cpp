@@ -300,8 +300,8 @@ void explain_decisions(const kiln::Executor& step) {
 void print_tuning(const kiln::TuningReport& t) {
   if (!t.ran) return;
   if (t.from_cache) {
-    std::printf("tuning read from %s in %.1f ms: step %.2f ms by the rules, %.2f ms tuned "
-                "(when tuned); %s\n",
+    std::printf("tuning read from %s in %.1f ms (when it was measured: step %.2f ms by the "
+                "rules, %.2f ms tuned; %s)\n",
                 t.cache_file.c_str(), 1e3 * t.seconds, t.rules_ms, t.tuned_ms, t.note.c_str());
   } else {
     std::printf("tuned in %.2f s: step %.2f ms by the rules, %.2f ms tuned; %s\n", t.seconds,

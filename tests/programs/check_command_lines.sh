@@ -86,6 +86,23 @@ for program in "$@"; do
     expect_rejected "$program" --bogus --bogus
     "$program" --data "$data" --smoke --threads 2 --json "$work/smoke.json" >/dev/null &&
       expect_json "mnist_train --smoke" "$work/smoke.json" || fail "mnist_train --smoke failed"
+    # --tune measures and caches; the same command again reads the cache; a cache path that is
+    # a folder is reported in the tuning line, and training goes on.
+    for run in measures reads; do
+      KILN_TUNING_CACHE="$work/tuning.json" "$program" --data "$data" --smoke \
+        --threads 2 --tune --explain-fusion >"$work/tune_$run" 2>&1 ||
+        fail "mnist_train --tune ($run) failed: $(tail -n 3 "$work/tune_$run")"
+    done
+    grep -q '^tuned in [0-9.]* s: step' "$work/tune_measures" &&
+      grep -q '^tuned decisions' "$work/tune_measures" ||
+      fail "mnist_train --tune did not print its tuning and decisions"
+    grep -q "^tuning read from $work/tuning.json" "$work/tune_reads" ||
+      fail "a second mnist_train --tune did not read the cache"
+    mkdir -p "$work/cache_folder"
+    KILN_TUNING_CACHE="$work/cache_folder" "$program" --data "$data" --smoke \
+      --threads 2 --tune >"$work/out" 2>&1 || fail "mnist_train --tune with a folder as cache failed"
+    grep -q "is not a kiln tuning cache" "$work/out" ||
+      fail "mnist_train --tune did not report a cache it could not use: $(grep tun "$work/out")"
     # A learning rate this large drives the loss to NaN: the run stops at that step, naming it...
     "$program" --data "$data" --model lenet5 --epochs 1 --batch 500 --lr 3e38 --threads 2 \
       >/dev/null 2>"$work/err" && fail "mnist_train --lr 3e38 trained on past a NaN loss"
