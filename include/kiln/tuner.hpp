@@ -41,9 +41,10 @@ struct Lowered {
 
 /// What the tuner needs besides the two steps of compilation.
 struct TunerSettings {
-  double seconds = 2.0;         ///< the most it may spend, measuring the peak included
-  std::filesystem::path cache;  ///< the cache file; empty: none
-  std::string key, machine_key; ///< TuningCache::key and ::machine_key of this compilation
+  double seconds = 2.0;        ///< the most it may spend, measuring the peak included
+  std::filesystem::path cache; ///< the cache file; empty: none
+  std::string key;             ///< TuningCache::key of this compilation
+  std::string machine_key;     ///< TuningCache::machine_key of this compilation
 };
 
 namespace tuning_detail {
@@ -172,7 +173,8 @@ inline std::vector<Candidate> layout_candidates(const CompileReport& report) {
     const ValueId first = d.values.front();
     out.push_back({layout_decision_key(first),
                    "the layout of %" + std::to_string(first) + "'s group (" +
-                       std::to_string(d.values.size()) + " values)",
+                       std::to_string(d.values.size()) +
+                       (d.values.size() == 1 ? " value)" : " values)"),
                    d.layout, d.layout == "NHWC" ? "NCHW" : "NHWC"});
   }
   return out;
