@@ -141,7 +141,6 @@ inline Executor compile(const Graph& graph, const Backend& backend,
     fail(errc::argument, "compile: tune_seconds is " + std::to_string(options.tune_seconds) +
                              "; it must be more than 0 and at most 3600");
   verify(graph);
-  (void)detail::compile_switches(options); // unknown names fail before any tuning
   if (options.tune == Tune::off)
     return detail::open_lowered(detail::optimise_and_lower(graph, backend, options, {}), backend,
                                 options);

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/core/fnv1a.hpp"
 #include "kiln/core/regular_file.hpp"
 #include "kiln/ir/printer.hpp"
 #include "kiln/passes/cost_model.hpp"
@@ -42,11 +43,8 @@ inline std::string cpu_model_name() {
 /// 16 hex digits of the FNV-1a hash of the graph's text: its ops, attributes, shapes and
 /// outputs, not its parameters' values.
 inline std::string graph_fingerprint(const Graph& g) {
-  std::uint64_t h = 14695981039346656037ull;
-  for (const char c : to_text(g)) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
+  const std::string text = to_text(g);
+  const std::uint64_t h = fnv1a(text.data(), text.size());
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   return hex;

@@ -9,6 +9,7 @@
 
 #include "kiln/core/communicator.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/fnv1a.hpp"
 #include "kiln/nn/module.hpp"
 
 namespace kiln::dist {
@@ -26,12 +27,10 @@ inline void broadcast_parameters(Communicator& world, std::span<const nn::Parame
 /// A 64-bit FNV-1a hash of every byte of `state`: equal on two ranks exactly when (but for a
 /// 2^-64 chance) their tensors are bit-identical.
 inline std::uint64_t parameter_checksum(std::span<const nn::Parameter> state) {
-  std::uint64_t h = 14695981039346656037ULL;
-  for (const nn::Parameter& p : state) {
-    const auto* bytes = static_cast<const unsigned char*>(p.tensor->data());
-    const auto n = static_cast<std::size_t>(p.tensor->numel()) * dtype_size(p.tensor->dtype());
-    for (std::size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ULL;
-  }
+  std::uint64_t h = fnv1a_basis;
+  for (const nn::Parameter& p : state)
+    h = fnv1a(p.tensor->data(),
+              static_cast<std::size_t>(p.tensor->numel()) * dtype_size(p.tensor->dtype()), h);
   return h;
 }
 
