@@ -48,6 +48,14 @@ inline const std::pair<const char*, kiln::nn::Sequential (*)()> reference_networ
     {"lenet5", &kiln::nn::models::lenet5},
     {"small_resnet", &kiln::nn::models::small_resnet}};
 
+/// Adds -m,--model: one of reference_networks, read into `model`.
+inline void add_model_flag(CLI::App& app, std::string& model) {
+  std::vector<std::string> names;
+  for (const auto& [name, make] : reference_networks) names.emplace_back(name);
+  app.add_option("-m,--model", model, "the network (kiln::nn::models)")
+      ->check(kiln::tools::one_of(names, "model"));
+}
+
 /// Builds into `g` the training step of network `make` (seeded parameters, inputs "x" and
 /// "y" of `batch` images, softmax cross-entropy, SGD).
 inline void build_training_step(kiln::Graph& g, kiln::nn::Sequential (*make)(), int batch,

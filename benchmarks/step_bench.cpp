@@ -1,6 +1,6 @@
 // step_bench: milliseconds per training step of a reference network (the default MNIST CNN,
-// batch 64) on 1 and 2 threads, measured alternately in one run, or on the GPU (--device cuda);
-// prints a table and writes JSON.
+// batch 64) on each of several thread counts (1 and 2 unless --threads says), measured
+// alternately in one run, or on the GPU (--device cuda); prints a scaling table and writes JSON.
 // `step_bench --help` lists its flags.
 #include <algorithm>
 #include <chrono>
@@ -47,14 +47,13 @@ std::unique_ptr<Setup> make_step(const std::string& model, int batch) {
   return s;
 }
 
-int run(const std::string& model, const std::string& device, int batch, int rounds, int steps,
-        const std::string& json_path) {
+int run(const std::string& model, const std::string& device, std::vector<int> thread_counts,
+        int batch, int rounds, int steps, const std::string& json_path) {
   const kiln::tools::JsonOutput json(json_path);
   auto setup = make_step(model, batch);
   const kiln::Backend& backend = kiln::backend_named(device);
-  // A GPU runs the step on one stream: one executor; the CPU on 1 and on 2 threads.
-  const std::vector<int> thread_counts =
-      device == "cpu" ? std::vector<int>{1, 2} : std::vector<int>{1};
+  // A GPU runs the step on one stream: one executor.
+  if (device != "cpu") thread_counts = {1};
   std::vector<kiln::Executor> exes;
   for (int t : thread_counts) {
     exes.push_back(kiln::compile(setup->graph, backend, {.threads = t}));
@@ -70,15 +69,23 @@ int run(const std::string& model, const std::string& device, int batch, int roun
   const std::string& target = exes[0].plan().target.isa;
   std::printf("%s training step on %s, batch %d, target %s, %d rounds x %d steps\n", model.c_str(),
               device.c_str(), batch, target.c_str(), rounds, steps);
-  std::printf("%-8s %12s %22s %12s %10s\n", "threads", "ms/step", "min..max", "images/s",
-              "GFLOP/s");
+  std::printf("%-8s %12s %22s %12s %10s %9s %11s\n", "threads", "ms/step", "min..max", "images/s",
+              "GFLOP/s", "speedup", "efficiency");
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t k = 0; k < exes.size(); ++k) {
     const bench::Spread& t = timing.per_executor[k];
-    std::printf("%-8d %12.2f %10.2f..%-10.2f %12.0f %10.1f\n", thread_counts[k], t.median, t.min,
-                t.max, 1000.0 * batch / t.median, gflop / (t.median / 1000.0));
-    rows.push_back(
-        {{"threads", thread_counts[k]}, {"ms_per_step", t.median}, {"min", t.min}, {"max", t.max}});
+    // Against the first thread count: speedup, and the share of the ideal (linear) speedup.
+    const double speedup = timing.per_executor[0].median / t.median;
+    const double efficiency = speedup * thread_counts[0] / static_cast<double>(thread_counts[k]);
+    std::printf("%-8d %12.2f %10.2f..%-10.2f %12.0f %10.1f %8.2fx %10.0f%%\n", thread_counts[k],
+                t.median, t.min, t.max, 1000.0 * batch / t.median, gflop / (t.median / 1000.0),
+                speedup, 100.0 * efficiency);
+    rows.push_back({{"threads", thread_counts[k]},
+                    {"ms_per_step", t.median},
+                    {"min", t.min},
+                    {"max", t.max},
+                    {"speedup", speedup},
+                    {"efficiency", efficiency}});
   }
   bench::print_neighbours(timing);
   json.write({{"benchmark", "step_bench"},
@@ -95,23 +102,26 @@ int run(const std::string& model, const std::string& device, int batch, int roun
 } // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("Times a reference network's training step on 1 and 2 threads, alternately in "
-               "one run, or on the GPU.",
+  CLI::App app("Times a reference network's training step on several thread counts, "
+               "alternately in one run, or on the GPU.",
                "step_bench");
   bench::StepFlags flags;
   flags.rounds = 7;
   flags.steps = 10;
   bench::add_step_flags(app, flags, /*threads_flag=*/false);
   std::string model = "mnist_cnn", device = "cpu";
-  std::vector<std::string> models;
-  for (const auto& [name, make] : bench::reference_networks) models.emplace_back(name);
-  app.add_option("-m,--model", model, "the network (kiln::nn::models)")
-      ->check(kiln::tools::one_of(models, "model"));
+  std::vector<int> thread_counts{1, 2};
+  app.add_option("-t,--threads", thread_counts,
+                 "thread counts to time, comma-separated (e.g. 1,2,4,8,16); the first is the "
+                 "baseline of the speedup column")
+      ->delimiter(',')
+      ->check(kiln::tools::integer_in(1, 1024));
+  bench::add_model_flag(app, model);
   app.add_option("--device", device,
                  "where the steps run: cpu (1 and 2 threads), or cuda in a build with kiln's "
                  "CUDA backend")
       ->check(kiln::tools::one_of({"cpu", "cuda"}, "device"));
   return kiln::tools::run(app, argc, argv, [&] {
-    return run(model, device, flags.batch, flags.rounds, flags.steps, flags.json);
+    return run(model, device, thread_counts, flags.batch, flags.rounds, flags.steps, flags.json);
   });
 }

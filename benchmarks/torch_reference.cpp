@@ -1,6 +1,10 @@
 // libtorch versions of kiln::nn::models, trained the way a libtorch user would write it.
 #include "torch_reference.hpp"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 
 #include <torch/torch.h>
@@ -77,6 +81,87 @@ void TorchTrainer::step() {
 }
 
 float TorchTrainer::loss() const { return impl_->last_loss.item<float>(); }
+
+struct TorchClassifier::Impl {
+  tnn::Sequential net;
+  torch::optim::SGD optimizer;
+  Impl(const std::string& network, float lr, float momentum)
+      : net(make(network)),
+        optimizer(net->parameters(), torch::optim::SGDOptions(lr).momentum(momentum)) {}
+
+  static torch::Tensor images_of(std::span<const float> images, std::int64_t n) {
+    return torch::from_blob(const_cast<float*>(images.data()), {n, 1, 28, 28});
+  }
+  static torch::Tensor labels_of(std::span<const std::int32_t> labels) {
+    return torch::from_blob(const_cast<std::int32_t*>(labels.data()),
+                            {static_cast<std::int64_t>(labels.size())}, torch::kInt32)
+        .to(torch::kLong);
+  }
+};
+
+TorchClassifier::TorchClassifier(const std::string& network, std::uint64_t seed, float lr,
+                                 float momentum) {
+  torch::manual_seed(seed); // before the network draws its initial weights
+  impl_ = std::make_unique<Impl>(network, lr, momentum);
+}
+TorchClassifier::~TorchClassifier() = default;
+TorchClassifier::TorchClassifier(TorchClassifier&&) noexcept = default;
+TorchClassifier& TorchClassifier::operator=(TorchClassifier&&) noexcept = default;
+
+float TorchClassifier::train(std::span<const float> images, std::span<const std::int32_t> labels) {
+  const auto n = static_cast<std::int64_t>(labels.size());
+  impl_->net->train();
+  impl_->optimizer.zero_grad();
+  torch::Tensor loss = torch::nn::functional::cross_entropy(
+      impl_->net->forward(Impl::images_of(images, n)), Impl::labels_of(labels));
+  loss.backward();
+  impl_->optimizer.step();
+  return loss.item<float>();
+}
+
+void TorchClassifier::set_learning_rate(float lr) {
+  for (auto& group : impl_->optimizer.param_groups())
+    static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+}
+
+std::int64_t TorchClassifier::correct(std::span<const float> images,
+                                      std::span<const std::int32_t> labels, std::int64_t real) {
+  const auto n = static_cast<std::int64_t>(labels.size());
+  torch::NoGradGuard no_grad;
+  impl_->net->eval();
+  const torch::Tensor predicted = impl_->net->forward(Impl::images_of(images, n)).argmax(1);
+  return predicted.slice(0, 0, real)
+      .eq(Impl::labels_of(labels).slice(0, 0, real))
+      .sum()
+      .item<std::int64_t>();
+}
+
+namespace {
+constexpr const char* best_settings[][2] = {{"OPENBLAS_NUM_THREADS", "1"},
+                                            {"MALLOC_MMAP_THRESHOLD_", "67108864"},
+                                            {"MALLOC_TRIM_THRESHOLD_", "134217728"}};
+} // namespace
+
+void run_libtorch_at_its_best(char** argv) {
+  bool missing = false;
+  for (const auto& [name, value] : best_settings)
+    if (std::getenv(name) == nullptr) {
+      setenv(name, value, 1);
+      missing = true;
+    }
+  if (!missing) return;
+  execv("/proc/self/exe", argv);
+  std::perror("cannot re-execute with libtorch's settings");
+  std::exit(1);
+}
+
+std::string libtorch_settings() {
+  std::string text;
+  for (const auto& [name, value] : best_settings)
+    text += (text.empty() ? "" : " ") + std::string(name) + "=" +
+            (std::getenv(name) ? std::getenv(name) : "(unset)");
+  return text;
+}
 
 void set_torch_threads(int threads) { torch::set_num_threads(threads); }
 

@@ -116,9 +116,49 @@ for program in "$@"; do
     ;;
   step_bench | fusion_bench | vs_libtorch)
     step_flags_rejected "$program"
+    if [[ "$(basename "$program")" == step_bench ]]; then
+      expect_rejected "$program" --threads --threads 1,0
+      expect_rejected "$program" --threads --threads 1,,x
+      "$program" --threads 2,1 --rounds 1 --steps 1 --batch 8 --json "$work/threads.json" \
+        >"$work/out" || fail "step_bench --threads 2,1 failed"
+      python3 -c 'import json, sys
+rows = json.load(open(sys.argv[1]))["results"]
+assert [r["threads"] for r in rows] == [2, 1], rows
+assert rows[0]["speedup"] == 1.0 and rows[0]["efficiency"] == 1.0, rows[0]
+assert abs(rows[1]["speedup"] - rows[0]["ms_per_step"] / rows[1]["ms_per_step"]) < 1e-9, rows
+assert abs(rows[1]["efficiency"] - 2 * rows[1]["speedup"]) < 1e-9, rows' "$work/threads.json" ||
+        fail "step_bench --threads 2,1 wrote the wrong rows: $(cat "$work/threads.json")"
+    fi
     "$program" --rounds 1 --steps 1 --batch 8 --json "$work/bench.json" >/dev/null &&
       expect_json "$(basename "$program")" "$work/bench.json" ||
       fail "$(basename "$program") --rounds 1 failed"
+    ;;
+  accuracy_vs_libtorch)
+    expect_rejected "$program" --seeds --seeds 1
+    expect_rejected "$program" --epochs --epochs 0
+    expect_rejected "$program" --model --model resnet50
+    expect_rejected "$program" --lr-decay --lr-decay 2
+    expect_rejected "$program" --json --json "$work/no/such/dir/out.json"
+    expect_rejected "$program" "$work/none" --data "$work/none"
+    # The smallest real comparison, 2 seeds a side for one epoch of the MNIST split: about 25 s
+    # on 2 cores, and only where libtorch is installed.
+    "$program" --data "$data" --seeds 2 --epochs 1 --json "$work/accuracy.json" >"$work/out" ||
+      fail "accuracy_vs_libtorch --seeds 2 --epochs 1 failed"
+    python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+assert [(x["library"], x["seed"]) for x in r["runs"]] == [("kiln", 1), ("libtorch", 1), ("kiln", 2), ("libtorch", 2)], r["runs"]
+for x in r["runs"]:
+    assert len(x["test_accuracy_percent"]) == 1 and 80 < x["test_accuracy_percent"][0] <= 100, x
+e = r["epochs"][0]
+assert e["difference_95_low"] <= e["difference"] <= e["difference_95_high"], e
+assert e["paired_95_low"] <= e["difference"] <= e["paired_95_high"], e
+k = [x["test_accuracy_percent"][0] for x in r["runs"] if x["library"] == "kiln"]
+t = [x["test_accuracy_percent"][0] for x in r["runs"] if x["library"] == "libtorch"]
+d = [a - b for a, b in zip(k, t)]
+half = 12.706 * abs(d[0] - d[1]) / 2  # t(1) x sd / sqrt(2) of two differences
+assert abs(e["paired_95_high"] - e["paired_95_low"] - 2 * half) < 1e-6, (e, d)
+assert abs(e["difference"] - (e["kiln_mean"] - e["libtorch_mean"])) < 1e-9, e' "$work/accuracy.json" ||
+      fail "accuracy_vs_libtorch wrote unexpected JSON: $(head -c 600 "$work/accuracy.json")"
     ;;
   data_parallel_bench)
     step_flags_rejected "$program"
