@@ -327,6 +327,7 @@ int main(int argc, char** argv) {
   app.add_option("-l,--lr", s.lr, "SGD learning rate")->check(kiln::tools::positive_number());
   app.add_option("--momentum", s.momentum, "SGD momentum")->check(kiln::tools::number_in(0, 1));
   app.add_option("--lr-decay", s.lr_decay, "learning rate factor per epoch (1: constant)")
+      ->check(kiln::tools::positive_number())
       ->check(kiln::tools::number_in(0, 1));
   app.add_option("-t,--threads", s.threads, "worker threads of each library")
       ->check(kiln::tools::integer_in(1, 1024));

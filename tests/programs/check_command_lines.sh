@@ -138,6 +138,7 @@ assert abs(rows[1]["efficiency"] - 2 * rows[1]["speedup"]) < 1e-9, rows' "$work/
     expect_rejected "$program" --epochs --epochs 0
     expect_rejected "$program" --model --model resnet50
     expect_rejected "$program" --lr-decay --lr-decay 2
+    expect_rejected "$program" --lr-decay --lr-decay 0
     expect_rejected "$program" --json --json "$work/no/such/dir/out.json"
     expect_rejected "$program" "$work/none" --data "$work/none"
     # The smallest real comparison, 2 seeds a side for one epoch of the MNIST split: about 25 s
