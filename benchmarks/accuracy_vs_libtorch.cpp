@@ -33,7 +33,7 @@ struct Run {
   double seconds = 0.0;
 };
 
-/// What both libraries are handed: the data, its normalisation, and the batches' order.
+/// What both libraries are handed: the data and its normalisation.
 struct Data {
   kiln::data::Dataset train, test;
   kiln::data::Normalization normalization;
@@ -44,12 +44,6 @@ constexpr std::int64_t eval_batch = 500;
 /// The learning rate of epoch `epoch` (from 0).
 float learning_rate(const Settings& s, int epoch) {
   return static_cast<float>(s.lr * std::pow(s.lr_decay, epoch));
-}
-
-kiln::data::BatchLoader train_loader(const Settings& s, const Data& d, std::uint64_t seed) {
-  return kiln::data::BatchLoader(
-      d.train,
-      {.batch_size = s.batch, .seed = seed, .drop_last = true, .normalization = d.normalization});
 }
 
 /// Test accuracy in percent; `count_batch(images, labels, real)` counts one batch's correct.
@@ -77,7 +71,10 @@ Run train_run(
     const std::function<float(const std::vector<float>&, const std::vector<std::int32_t>&)>& train,
     const std::function<double()>& evaluate) {
   Run run{library, seed, {}, {}, 0.0};
-  kiln::data::BatchLoader loader = train_loader(s, d, seed);
+  // The same seed gives both libraries the same batches in the same order.
+  kiln::data::BatchLoader loader(
+      d.train,
+      {.batch_size = s.batch, .seed = seed, .drop_last = true, .normalization = d.normalization});
   std::vector<float> images(static_cast<std::size_t>(loader.batch_image_elements()));
   std::vector<std::int32_t> labels(static_cast<std::size_t>(s.batch));
   for (int epoch = 0; epoch < s.epochs; ++epoch) {
@@ -100,15 +97,9 @@ Run train_run(
   return run;
 }
 
-kiln::nn::Sequential make_network(const std::string& name) {
-  for (const auto& [network, make] : bench::reference_networks)
-    if (name == network) return make();
-  kiln::fail(kiln::errc::argument, "--model: no network '" + name + "'");
-}
-
 Run train_kiln(const Settings& s, const Data& d, std::uint64_t seed) {
   kiln::nn::manual_seed(seed);
-  kiln::nn::Sequential net = make_network(s.model);
+  kiln::nn::Sequential net = bench::reference_network(s.model);
   const std::int64_t h = d.train.height, w = d.train.width;
   kiln::Graph train_graph;
   const kiln::Value loss =

@@ -56,6 +56,13 @@ inline void add_model_flag(CLI::App& app, std::string& model) {
       ->check(kiln::tools::one_of(names, "model"));
 }
 
+/// A fresh copy of the reference network called `name` (add_model_flag checked the name).
+inline kiln::nn::Sequential reference_network(const std::string& name) {
+  for (const auto& [network, make] : reference_networks)
+    if (name == network) return make();
+  kiln::fail(kiln::errc::argument, "--model: no reference network '" + name + "'");
+}
+
 /// Builds into `g` the training step of network `make` (seeded parameters, inputs "x" and
 /// "y" of `batch` images, softmax cross-entropy, SGD).
 inline void build_training_step(kiln::Graph& g, kiln::nn::Sequential (*make)(), int batch,

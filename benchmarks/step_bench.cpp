@@ -32,8 +32,7 @@ std::unique_ptr<Setup> make_step(const std::string& model, int batch) {
   using namespace kiln::nn;
   manual_seed(1);
   auto s = std::make_unique<Setup>();
-  for (const auto& [name, make] : bench::reference_networks)
-    if (name == model) s->net = make();
+  s->net = bench::reference_network(model);
   auto x = s->graph.input("x", {batch, 1, 28, 28});
   auto y = s->graph.input("y", {batch}, kiln::i32);
   s->loss = kiln::softmax_cross_entropy(s->net(x), y);
@@ -117,9 +116,10 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(kiln::tools::integer_in(1, 1024));
   bench::add_model_flag(app, model);
-  app.add_option("--device", device,
-                 "where the steps run: cpu (1 and 2 threads), or cuda in a build with kiln's "
-                 "CUDA backend")
+  app.add_option(
+         "--device", device,
+         "where the steps run: cpu (on each --threads count), or cuda in a build with kiln's "
+         "CUDA backend")
       ->check(kiln::tools::one_of({"cpu", "cuda"}, "device"));
   return kiln::tools::run(app, argc, argv, [&] {
     return run(model, device, thread_counts, flags.batch, flags.rounds, flags.steps, flags.json);
