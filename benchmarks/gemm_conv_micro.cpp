@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <tbb/task_arena.h>
@@ -14,6 +16,7 @@
 #include "kiln/backends/cpu/backend.hpp"
 #include "kiln/backends/cpu/implementation.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
+#include "kiln/core/error.hpp"
 #include "kiln/core/rng.hpp"
 #include "kiln_tools/command_line.hpp"
 
@@ -35,9 +38,20 @@ Input random_input(kiln::Shape shape, std::uint64_t seed) {
   return in;
 }
 
-/// Times op on random inputs and prints one table row.
+/// What to time: `repeats` runs of every shape whose name contains `only`; `timed` counts the
+/// shapes timed so far.
+struct Selection {
+  int repeats = 21;
+  std::string only;
+  int timed = 0;
+};
+
+/// Times op on random inputs and prints one table row, unless the selection leaves it out.
 void bench(const char* name, kiln::Op op, std::vector<Input> inputs, kiln::Shape out_shape,
-           const kiln::Attrs& attrs, double flops, int repeats) {
+           const kiln::Attrs& attrs, double flops, Selection& selection) {
+  if (std::string_view(name).find(selection.only) == std::string_view::npos) return;
+  ++selection.timed;
+  const int repeats = selection.repeats;
   std::vector<float> out(static_cast<std::size_t>(out_shape.numel()));
   kiln::KernelArgs args;
   for (Input& in : inputs) {
@@ -74,7 +88,7 @@ struct ConvCase {
   bool channels_last = false;
 };
 
-void bench_conv(const char* name, kiln::Op op, const ConvCase& s, int repeats) {
+void bench_conv(const char* name, kiln::Op op, const ConvCase& s, Selection& selection) {
   const std::int64_t n = s.batch, c = s.c, hw = s.hw, o = s.o, k = s.k;
   const std::int64_t ohw = hw + 2 * s.pad - k + 1;
   const bool channels_last = s.channels_last;
@@ -89,26 +103,26 @@ void bench_conv(const char* name, kiln::Op op, const ConvCase& s, int repeats) {
   const kiln::Attrs attrs = conv;
   const double flops = 2.0 * static_cast<double>(n * o * ohw * ohw * c * k * k);
   if (op == kiln::Op::Conv2d) {
-    bench(name, op, {random_input(x, 1), random_input(w, 2)}, y, attrs, flops, repeats);
+    bench(name, op, {random_input(x, 1), random_input(w, 2)}, y, attrs, flops, selection);
   } else if (op == kiln::Op::Conv2dGradInput) {
-    bench(name, op, {random_input(y, 1), random_input(w, 2)}, x, attrs, flops, repeats);
+    bench(name, op, {random_input(y, 1), random_input(w, 2)}, x, attrs, flops, selection);
   } else {
-    bench(name, op, {random_input(x, 1), random_input(y, 2)}, w, attrs, flops, repeats);
+    bench(name, op, {random_input(x, 1), random_input(y, 2)}, w, attrs, flops, selection);
   }
 }
 
 void bench_matmul(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, bool ta,
-                  bool tb, int repeats) {
+                  bool tb, Selection& selection) {
   const kiln::Shape a = ta ? kiln::Shape{k, m} : kiln::Shape{m, k};
   const kiln::Shape b = tb ? kiln::Shape{n, k} : kiln::Shape{k, n};
   const kiln::Attrs attrs = kiln::MatMulAttrs{ta, tb};
   bench(name, kiln::Op::MatMul, {random_input(a, 1), random_input(b, 2)}, kiln::Shape{m, n}, attrs,
-        2.0 * static_cast<double>(m * n * k), repeats);
+        2.0 * static_cast<double>(m * n * k), selection);
 }
 
-int run(int threads, int repeats) {
+int run(int threads, Selection& selection) {
   std::printf("target %s, %d thread(s), batch 64, %d repeats\n",
-              kiln::cpu::kernel_table().target_name, threads, repeats);
+              kiln::cpu::kernel_table().target_name, threads, selection.repeats);
   std::printf("%-34s %8s   %14s   %11s\n", "shape", "GFLOP/s", "min..max", "median");
   tbb::task_arena arena(threads);
   arena.execute([&] {
@@ -118,27 +132,29 @@ int run(int threads, int repeats) {
     const ConvCase second_nhwc{.c = 32, .hw = 26, .o = 64, .channels_last = true};
     const ConvCase lenet_first{.c = 1, .hw = 28, .o = 6, .k = 5, .pad = 2};
     const ConvCase lenet_second{.c = 6, .hw = 14, .o = 16, .k = 5};
-    bench_conv("conv 1->32 3x3 28x28", Op::Conv2d, first, repeats);
-    bench_conv("conv 1->32 dW", Op::Conv2dGradWeight, first, repeats);
-    bench_conv("conv 32->64 3x3 26x26", Op::Conv2d, second, repeats);
-    bench_conv("conv 32->64 dX", Op::Conv2dGradInput, second, repeats);
-    bench_conv("conv 32->64 dW", Op::Conv2dGradWeight, second, repeats);
-    bench_conv("conv 1->32 3x3 28x28, NHWC", Op::Conv2d, first_nhwc, repeats);
-    bench_conv("conv 1->32 dW, NHWC", Op::Conv2dGradWeight, first_nhwc, repeats);
-    bench_conv("conv 32->64 3x3 26x26, NHWC", Op::Conv2d, second_nhwc, repeats);
-    bench_conv("conv 32->64 dX, NHWC", Op::Conv2dGradInput, second_nhwc, repeats);
-    bench_conv("conv 32->64 dW, NHWC", Op::Conv2dGradWeight, second_nhwc, repeats);
-    bench_conv("lenet conv 1->6 5x5 pad 2", Op::Conv2d, lenet_first, repeats);
-    bench_conv("lenet conv 1->6 dW", Op::Conv2dGradWeight, lenet_first, repeats);
-    bench_conv("lenet conv 6->16 5x5 14x14", Op::Conv2d, lenet_second, repeats);
-    bench_conv("lenet conv 6->16 dX", Op::Conv2dGradInput, lenet_second, repeats);
-    bench_conv("lenet conv 6->16 dW", Op::Conv2dGradWeight, lenet_second, repeats);
-    bench_matmul("matmul [64,9216]x[128,9216]^T", 64, 128, 9216, false, true, repeats);
-    bench_matmul("matmul [128,64]^T x [64,9216] (dW)", 128, 9216, 64, true, false, repeats);
-    bench_matmul("matmul [64,128]x[128,9216] (dX)", 64, 9216, 128, false, false, repeats);
-    bench_matmul("matmul [64,128]x[10,128]^T", 64, 10, 128, false, true, repeats);
-    bench_matmul("lenet matmul [64,120]^T x [64,400] (dW)", 120, 400, 64, true, false, repeats);
+    bench_conv("conv 1->32 3x3 28x28", Op::Conv2d, first, selection);
+    bench_conv("conv 1->32 dW", Op::Conv2dGradWeight, first, selection);
+    bench_conv("conv 32->64 3x3 26x26", Op::Conv2d, second, selection);
+    bench_conv("conv 32->64 dX", Op::Conv2dGradInput, second, selection);
+    bench_conv("conv 32->64 dW", Op::Conv2dGradWeight, second, selection);
+    bench_conv("conv 1->32 3x3 28x28, NHWC", Op::Conv2d, first_nhwc, selection);
+    bench_conv("conv 1->32 dW, NHWC", Op::Conv2dGradWeight, first_nhwc, selection);
+    bench_conv("conv 32->64 3x3 26x26, NHWC", Op::Conv2d, second_nhwc, selection);
+    bench_conv("conv 32->64 dX, NHWC", Op::Conv2dGradInput, second_nhwc, selection);
+    bench_conv("conv 32->64 dW, NHWC", Op::Conv2dGradWeight, second_nhwc, selection);
+    bench_conv("lenet conv 1->6 5x5 pad 2", Op::Conv2d, lenet_first, selection);
+    bench_conv("lenet conv 1->6 dW", Op::Conv2dGradWeight, lenet_first, selection);
+    bench_conv("lenet conv 6->16 5x5 14x14", Op::Conv2d, lenet_second, selection);
+    bench_conv("lenet conv 6->16 dX", Op::Conv2dGradInput, lenet_second, selection);
+    bench_conv("lenet conv 6->16 dW", Op::Conv2dGradWeight, lenet_second, selection);
+    bench_matmul("matmul [64,9216]x[128,9216]^T", 64, 128, 9216, false, true, selection);
+    bench_matmul("matmul [128,64]^T x [64,9216] (dW)", 128, 9216, 64, true, false, selection);
+    bench_matmul("matmul [64,128]x[128,9216] (dX)", 64, 9216, 128, false, false, selection);
+    bench_matmul("matmul [64,128]x[10,128]^T", 64, 10, 128, false, true, selection);
+    bench_matmul("lenet matmul [64,120]^T x [64,400] (dW)", 120, 400, 64, true, false, selection);
   });
+  if (selection.timed == 0)
+    kiln::fail(kiln::errc::argument, "--only: no shape's name contains '" + selection.only + "'");
   return 0;
 }
 
@@ -149,10 +165,13 @@ int main(int argc, char** argv) {
                "shapes.",
                "gemm_conv_micro");
   kiln::tools::share_conventions(app);
-  int threads = 1, repeats = 21;
+  int threads = 1;
+  Selection selection;
   app.add_option("-t,--threads", threads, "worker threads")
       ->check(kiln::tools::integer_in(1, 1024));
-  app.add_option("-r,--repeats", repeats, "timed runs per shape")
+  app.add_option("-r,--repeats", selection.repeats, "timed runs per shape")
       ->check(kiln::tools::integer_in(1, 100000));
-  return kiln::tools::run(app, argc, argv, [&] { return run(threads, repeats); });
+  app.add_option("--only", selection.only,
+                 "time only the shapes whose name contains this text, e.g. 'dX, NHWC'");
+  return kiln::tools::run(app, argc, argv, [&] { return run(threads, selection); });
 }

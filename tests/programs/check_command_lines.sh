@@ -179,6 +179,15 @@ assert abs(e["difference"] - (e["kiln_mean"] - e["libtorch_mean"])) < 1e-9, e' "
     expect_rejected "$program" --repeats --repeats 0
     expect_rejected "$program" --repeats -r abc
     expect_rejected "$program" "were not expected" 1 0
+    expect_rejected "$program" --only --only "no such shape"
+    if "$program" --repeats 1 --only "dW, NHWC" >"$work/micro" 2>"$work/err"; then
+      rows="$(grep -c "dW, NHWC" "$work/micro")"
+      others="$(tail -n +3 "$work/micro" | grep -vc "dW, NHWC")"
+      [[ $rows -eq 2 && $others -eq 0 ]] ||
+        fail "gemm_conv_micro --only 'dW, NHWC' timed $rows such shapes and $others others"
+    else
+      fail "gemm_conv_micro --only failed: $(head -c 300 "$work/err")"
+    fi
     ;;
   gemm_bench)
     expect_rejected "$program" --bogus --bogus

@@ -34,7 +34,7 @@ static_assert(16 % kGemmMaxLanes == 0, "channels-last tiles assume at most 16 la
 
 // A tile is MR rows x NV vectors of accumulators: 24 of them fit the AVX-512 register file
 // beside the B vectors and the broadcast, 12 the others. Each row is read through its own
-// pointer, so MR stays at 8 to leave general registers for the loop.
+// pointer, so MR stays at 10 to leave general registers for the loop (at 12 GCC spills them).
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 inline constexpr std::size_t kConvAccumulators = 24;
 #else
@@ -42,7 +42,7 @@ inline constexpr std::size_t kConvAccumulators = 12;
 #endif
 template <std::size_t NV>
 inline constexpr std::size_t
-    kConvMR = std::max<std::size_t>(1, std::min<std::size_t>(8, kConvAccumulators / NV));
+    kConvMR = std::max<std::size_t>(1, std::min<std::size_t>(10, kConvAccumulators / NV));
 
 /// The widest tile (in vectors, 4, 2 or 1) that divides a row of `channels` floats.
 inline std::size_t ConvTileVectors(std::size_t channels) {
@@ -73,33 +73,32 @@ HWY_INLINE void ImplicitTile(const float* const* row, std::size_t m, const TapWa
   V acc[MR][NV];
   ZeroAccumulators(acc);
   const float* a[MR];
-  HWY_UNROLL(8)
+  HWY_UNROLL(16)
   for (std::size_t r = 0; r < MR; ++r) a[r] = row[std::min(r, m - 1)];
-  // One loop over every (tap, k), not one per tap: with nested loops GCC -O3 keeps the
-  // accumulators in memory, at half the speed.
-  std::ptrdiff_t offset = 0;
-  std::size_t i = 0, j = 0, k = 0;
-  const float* b = taps.b;
-  for (std::size_t step = 0, steps = taps.kh * taps.kw * depth; step < steps; ++step) {
-    V bv[NV];
-    HWY_UNROLL(4)
-    for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, b + v * lanes);
-    HWY_UNROLL(8)
-    for (std::size_t r = 0; r < MR; ++r) {
-      const V av = hn::Set(d, a[r][offset + static_cast<std::ptrdiff_t>(k)]);
-      HWY_UNROLL(4)
-      for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+  // Each tap gets its own depth loop over pointers already offset by the tap, so the loop
+  // holds only the row pointers, B and the counter in general registers. One loop over every
+  // (tap, k) also carries the tap's indices, and GCC then spills the row pointers: an extra
+  // load before every broadcast.
+  for (std::size_t i = 0; i < taps.kh; ++i) {
+    for (std::size_t j = 0; j < taps.kw; ++j) {
+      const std::ptrdiff_t offset = static_cast<std::ptrdiff_t>(i) * taps.row_step +
+                                    static_cast<std::ptrdiff_t>(j) * taps.col_step;
+      const float* at[MR];
+      HWY_UNROLL(16)
+      for (std::size_t r = 0; r < MR; ++r) at[r] = a[r] + offset;
+      const float* b = taps.b + static_cast<std::ptrdiff_t>(i * taps.kw + j) * taps.b_step;
+      for (std::size_t k = 0; k < depth; ++k, b += ldb) {
+        V bv[NV];
+        HWY_UNROLL(4)
+        for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, b + v * lanes);
+        HWY_UNROLL(16)
+        for (std::size_t r = 0; r < MR; ++r) {
+          const V av = hn::Set(d, at[r][k]);
+          HWY_UNROLL(4)
+          for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+        }
+      }
     }
-    b += ldb;
-    if (++k < depth) continue;
-    k = 0;
-    if (++j == taps.kw) {
-      j = 0;
-      ++i;
-    }
-    offset = static_cast<std::ptrdiff_t>(i) * taps.row_step +
-             static_cast<std::ptrdiff_t>(j) * taps.col_step;
-    b = taps.b + static_cast<std::ptrdiff_t>(i * taps.kw + j) * taps.b_step;
   }
   for (std::size_t r = 0; r < m; ++r) {
     HWY_UNROLL(4)
@@ -232,7 +231,7 @@ HWY_INLINE void WeightGradTile(const float* image, std::size_t width, const Conv
   V acc[MR][NV];
   ZeroAccumulators(acc);
   std::size_t at[MR];
-  HWY_UNROLL(8)
+  HWY_UNROLL(16)
   for (std::size_t r = 0; r < MR; ++r) at[r] = offset[std::min(r, m - 1)];
   // One loop over every pixel, not one per output row (see ImplicitTile).
   const std::size_t pixel_step = g.stride_w * g.c, row_step = g.stride_h * width * g.c;
@@ -242,7 +241,7 @@ HWY_INLINE void WeightGradTile(const float* image, std::size_t width, const Conv
     V bv[NV];
     HWY_UNROLL(4)
     for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, grad + v * lanes);
-    HWY_UNROLL(8)
+    HWY_UNROLL(16)
     for (std::size_t r = 0; r < MR; ++r) {
       const V av = hn::Set(d, x[at[r]]);
       HWY_UNROLL(4)

@@ -68,9 +68,9 @@ struct GemmB {
 
 /// Sets a micro-tile's R x C accumulator vectors to zero.
 template <std::size_t R, std::size_t C, class V> HWY_INLINE void ZeroAccumulators(V (&acc)[R][C]) {
-  HWY_UNROLL(8)
+  HWY_UNROLL(16)
   for (std::size_t r = 0; r < R; ++r) {
-    HWY_UNROLL(8)
+    HWY_UNROLL(16)
     for (std::size_t c = 0; c < C; ++c) acc[r][c] = hn::Zero(hn::DFromV<V>());
   }
 }
