@@ -233,7 +233,8 @@ HWY_INLINE void WeightGradTile(const float* image, std::size_t width, const Conv
   std::size_t at[MR];
   HWY_UNROLL(16)
   for (std::size_t r = 0; r < MR; ++r) at[r] = offset[std::min(r, m - 1)];
-  // One loop over every pixel, not one per output row (see ImplicitTile).
+  // One loop over every pixel: the end of an output row only moves x to the next one, and the
+  // tile reads through one pointer and fixed offsets, so no per-row loop is needed.
   const std::size_t pixel_step = g.stride_w * g.c, row_step = g.stride_h * width * g.c;
   const float* x = image;
   const float* grad = dy;
