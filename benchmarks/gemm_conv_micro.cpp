@@ -43,6 +43,7 @@ Input random_input(kiln::Shape shape, std::uint64_t seed) {
 struct Selection {
   int repeats = 21;
   std::string only;
+  kiln::Precision precision = kiln::Precision::f32;
   int timed = 0;
 };
 
@@ -60,7 +61,8 @@ void bench(const char* name, kiln::Op op, std::vector<Input> inputs, kiln::Shape
   }
   args.out = kiln::TensorView{out.data(), out_shape, kiln::DType::f32};
   args.attrs = &attrs;
-  const kiln::KernelChoice choice = kiln::cpu::select(kiln::cpu::kernel_table(), op, args);
+  const kiln::KernelChoice choice =
+      kiln::cpu::select(kiln::cpu::kernel_table(), op, args, selection.precision);
   args.workspace_per_worker = choice.workspace_per_worker;
   const auto threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
   std::vector<Line> workspace(threads * args.workspace_per_worker / sizeof(Line) + 1);
@@ -121,8 +123,10 @@ void bench_matmul(const char* name, std::int64_t m, std::int64_t n, std::int64_t
 }
 
 int run(int threads, Selection& selection) {
-  std::printf("target %s, %d thread(s), batch 64, %d repeats\n",
-              kiln::cpu::kernel_table().target_name, threads, selection.repeats);
+  kiln::check_precision(kiln::cpu_backend().target(), selection.precision);
+  std::printf("target %s, %d thread(s), batch 64, %d repeats, products in %s\n",
+              kiln::cpu::kernel_table().target_name, threads, selection.repeats,
+              std::string(kiln::precision_name(selection.precision)).c_str());
   std::printf("%-34s %8s   %14s   %11s\n", "shape", "GFLOP/s", "min..max", "median");
   tbb::task_arena arena(threads);
   arena.execute([&] {
@@ -173,5 +177,12 @@ int main(int argc, char** argv) {
       ->check(kiln::tools::integer_in(1, 100000));
   app.add_option("--only", selection.only,
                  "time only the shapes whose name contains this text, e.g. 'dX, NHWC'");
-  return kiln::tools::run(app, argc, argv, [&] { return run(threads, selection); });
+  std::string precision = "f32";
+  app.add_option("--precision", precision,
+                 "what the kernels multiply in: f32, or bf16 (the variants that have it)")
+      ->check(kiln::tools::one_of({"f32", "bf16"}, "precision"));
+  return kiln::tools::run(app, argc, argv, [&] {
+    selection.precision = precision == "bf16" ? kiln::Precision::bf16 : kiln::Precision::f32;
+    return run(threads, selection);
+  });
 }

@@ -34,6 +34,7 @@ struct Options {
   std::string data = KILN_MNIST_DIR;
   std::string model = "mnist_cnn";
   std::string device = "cpu";
+  std::string precision = "f32";
   int epochs = 3;
   int batch = 64;
   double lr = 0.01;
@@ -79,6 +80,10 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--device", o.device,
                  "where the step runs: cpu, or cuda in a build with kiln's CUDA backend")
       ->check(kiln::tools::one_of({"cpu", "cuda"}, "device"));
+  app.add_option("--precision", o.precision,
+                 "what convolutions and matmuls multiply in: f32, or bf16 where the device has "
+                 "bfloat16 dot products (weights, optimizer state and sums stay FP32)")
+      ->check(kiln::tools::one_of({"f32", "bf16"}, "precision"));
   app.add_option("-e,--epochs", o.epochs, "passes over the training set")
       ->check(kiln::tools::integer_in(1, 1000));
   app.add_option("-b,--batch", o.batch, "images per training step")
@@ -419,12 +424,15 @@ int run(const Options& o) {
     kiln::dist::check_same_parameters(*world, shared, "at the start");
   }
   const kiln::Backend& backend = kiln::backend_named(o.device);
+  const kiln::Precision precision =
+      o.precision == "bf16" ? kiln::Precision::bf16 : kiln::Precision::f32;
   kiln::Executor step = kiln::compile(train_graph, backend,
                                       {.threads = o.threads,
                                        .profile = o.profile,
                                        .disable = o.disable,
                                        .check_finite = !o.allow_non_finite,
-                                       .tune = o.tune ? kiln::Tune::quick : kiln::Tune::off});
+                                       .tune = o.tune ? kiln::Tune::quick : kiln::Tune::off,
+                                       .precision = precision});
   // Measured before training, so the measurement neither slows nor is slowed by the steps.
   const kiln::MachinePeak peak = o.profile ? kiln::machine_peak(step.plan()) : kiln::MachinePeak{};
 
@@ -433,16 +441,16 @@ int run(const Options& o) {
   kiln::Graph eval_graph;
   const auto logits = net(eval_graph.input("x", {eval_batch, 1, test.height, test.width}));
   eval_graph.mark_output(logits);
-  kiln::Executor eval =
-      kiln::compile(eval_graph, backend, {.threads = o.threads, .disable = o.disable});
+  kiln::Executor eval = kiln::compile(
+      eval_graph, backend, {.threads = o.threads, .disable = o.disable, .precision = precision});
 
   const kiln::Plan& plan = step.plan();
   std::printf("compiled step: %zu kernels, arena %.1f MiB (unshared %.1f MiB, unoptimised step "
-              "%.1f MiB), %s, %d threads, %s\n",
+              "%.1f MiB), %s, %d threads, %s, products in %s\n",
               plan.steps.size(), static_cast<double>(plan.memory.arena_bytes) / 1048576.0,
               static_cast<double>(plan.memory.naive_bytes) / 1048576.0,
               static_cast<double>(plan.unoptimised_bytes) / 1048576.0, plan.target.backend.c_str(),
-              plan.threads, plan.target.isa.c_str());
+              plan.threads, plan.target.isa.c_str(), o.precision.c_str());
   print_tuning(step.report().tuning);
   if (o.explain_fusion) explain_decisions(step);
   if (!o.dot.empty()) write_dot(step, o.dot);
@@ -564,6 +572,7 @@ int run(const Options& o) {
         {"device", plan.target.backend},
         {"threads", plan.threads},
         {"target", plan.target.isa},
+        {"precision", o.precision},
         {"seed", o.seed},
         {"disabled", o.disable},
         {"epochs", epochs},

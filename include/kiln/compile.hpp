@@ -53,6 +53,10 @@ struct CompileOptions {
   /// The tuning cache file; empty: default_tuning_cache() ($KILN_TUNING_CACHE, else under
   /// $XDG_CACHE_HOME or ~/.cache).
   std::filesystem::path tune_cache{};
+  /// Precision::bf16 lets convolutions and matmuls multiply in bfloat16 where the backend has
+  /// such kernels (Target::bf16_products; asking for it elsewhere is a kiln::Error), FP32
+  /// everywhere else: the parameters, optimizer state and every sum stay FP32.
+  Precision precision = Precision::f32;
 };
 
 /// The most worker threads a compilation takes: four per hardware thread.
@@ -74,7 +78,7 @@ namespace detail {
 /// The passes' and lowering's switches of `options`, checked: unknown names are an error.
 inline std::pair<PassContext, LowerOptions> compile_switches(const CompileOptions& options) {
   PassContext ctx;
-  LowerOptions lowering{.threads = options.threads};
+  LowerOptions lowering{.threads = options.threads, .precision = options.precision};
   for (const std::string& name : options.disable) {
     const auto lowering_switch =
         std::find_if(lowering_switches.begin(), lowering_switches.end(),
@@ -140,6 +144,11 @@ inline Executor compile(const Graph& graph, const Backend& backend,
       options.tune_seconds > 3600.0)
     fail(errc::argument, "compile: tune_seconds is " + std::to_string(options.tune_seconds) +
                              "; it must be more than 0 and at most 3600");
+  if (options.precision != Precision::f32 && options.precision != Precision::bf16)
+    fail(errc::argument, "compile: precision is " +
+                             std::to_string(static_cast<int>(options.precision)) +
+                             "; it must be Precision::f32 or Precision::bf16");
+  check_precision(backend.target(), options.precision);
   verify(graph);
   if (options.tune == Tune::off)
     return detail::open_lowered(detail::optimise_and_lower(graph, backend, options, {}), backend,
@@ -148,11 +157,11 @@ inline Executor compile(const Graph& graph, const Backend& backend,
   const int threads = options.threads > 0 ? options.threads : target.default_threads;
   std::string disabled;
   for (const std::string& name : options.disable) disabled += (disabled.empty() ? "" : ",") + name;
-  const TunerSettings settings{options.tune_seconds,
-                               options.tune_cache.empty() ? default_tuning_cache()
-                                                          : options.tune_cache,
-                               TuningCache::key(target, threads, graph, disabled),
-                               TuningCache::machine_key(target, threads)};
+  const TunerSettings settings{
+      options.tune_seconds,
+      options.tune_cache.empty() ? default_tuning_cache() : options.tune_cache,
+      TuningCache::key(target, threads, graph, disabled, options.precision),
+      TuningCache::machine_key(target, threads)};
   CompileOptions trial = options; // the tuner's trials write no IR and time themselves
   trial.dump_ir = nullptr;
   trial.profile = false;

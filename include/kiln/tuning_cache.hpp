@@ -151,9 +151,11 @@ public:
 
   /// The key of one tuning: machine, backend, instruction set, workers, graph, passes off.
   [[nodiscard]] static std::string key(const Target& target, int threads, const Graph& graph,
-                                       const std::string& disabled) {
+                                       const std::string& disabled,
+                                       Precision precision = Precision::f32) {
     return machine_key(target, threads) + " | graph " + graph_fingerprint(graph) + " | off [" +
-           disabled + "]";
+           disabled + "]" +
+           (precision == Precision::f32 ? "" : " | " + std::string(precision_name(precision)));
   }
   /// The key of one machine's peak: processor, backend, instruction set, workers.
   [[nodiscard]] static std::string machine_key(const Target& target, int threads) {

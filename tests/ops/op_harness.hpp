@@ -177,7 +177,7 @@ struct RowRun {
 /// operand reaches the node through a copying kernel, so that its memory dies at the node
 /// and the inplace pass may give it to the node's output.
 inline RowRun run_row(const Backend& backend, const OpRow& row, const std::vector<Values>& values,
-                      int threads, int copied = -1) {
+                      int threads, int copied = -1, Precision precision = Precision::f32) {
   Graph g;
   std::vector<ValueId> ids;
   for (std::size_t i = 0; i < row.operands.size(); ++i) {
@@ -194,7 +194,7 @@ inline RowRun run_row(const Backend& backend, const OpRow& row, const std::vecto
   }
   const Value node = append(g, row.op, ids, row.attrs);
   g.mark_output(node);
-  CompileOptions options{.threads = threads};
+  CompileOptions options{.threads = threads, .precision = precision};
   for (const Pass& p : default_pipeline)
     if (p.name != "inplace") options.disable.emplace_back(p.name);
   Executor exe = compile(g, backend, options);

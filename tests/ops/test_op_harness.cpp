@@ -3,12 +3,15 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <bit>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "kiln/kiln.hpp"
 #include "ops/op_harness.hpp"
 #include "ops/op_rows.hpp"
+#include "support/skip.hpp"
 #include "support/target_loop.hpp"
 
 namespace {
@@ -23,6 +26,20 @@ std::pair<int, bool> in_place_candidate(const OpRow& row, const kiln::TensorType
   if (kiln::op_info(row.op).role == kiln::OpRole::update) return {1, true};
   if (const int k = kiln::test::overwritable_operand(row, out); k >= 0) return {k, true};
   return {kiln::test::same_sized_operand(row, out), false};
+}
+
+/// `v` rounded to the nearest bfloat16, ties to even (no NaN among the drawn values).
+float to_bf16(float v) {
+  const auto bits = std::bit_cast<std::uint32_t>(v);
+  const std::uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  return std::bit_cast<float>(rounded);
+}
+
+/// Whether `table` has a kernel of `op` that multiplies in bfloat16.
+bool has_bf16_variant(const kiln::cpu::KernelTable& table, Op op) {
+  for (const kiln::KernelVariant& v : table.variants[kiln::op_index(op)])
+    if (v.precision == kiln::Precision::bf16) return true;
+  return false;
 }
 
 } // namespace
@@ -100,4 +117,72 @@ TEST_CASE("op harness: gradients match central finite differences") {
     INFO(r.worst);
     CHECK(r.ok);
   }
+}
+
+TEST_CASE("op harness: with Precision::bf16, kernels multiply bfloat16-rounded operands and add "
+          "in FP32") {
+  const kiln::cpu::KernelTable& table = kiln::cpu::kernel_table();
+  if (!table.bf16_products) {
+    kiln::test::skip("this CPU has no AVX512-BF16, so no kernel multiplies in bfloat16");
+    return;
+  }
+  int bf16_runs = 0;
+  for (const OpRow& row : kiln::test::op_rows()) {
+    if (!has_bf16_variant(table, row.op)) continue;
+    INFO(kiln::test::row_name(row));
+    const auto values = kiln::test::draw_all(row, 3);
+    auto rounded = values;
+    for (auto& v : rounded)
+      for (float& f : v.f32) f = to_bf16(f);
+    const kiln::TensorType out = kiln::test::row_output(row);
+    const auto exact = kiln::test::expected(row, values, out);
+    const auto of_rounded = kiln::test::expected(row, rounded, out);
+    const kiln::test::RowRun run =
+        kiln::test::run_row(kiln::cpu_backend(), row, values, 2, -1, kiln::Precision::bf16);
+    INFO("kernel " << run.kernel_name);
+    if (!run.kernel_name.ends_with(".bf16")) { // shapes its bf16 kernels do not take
+      CHECK(kiln::test::relative_error(run.out, exact) <= row.tolerance);
+      continue;
+    }
+    ++bf16_runs;
+    // The products of the rounded operands are exact in FP32: only the order of the sums
+    // differs from the reference's.
+    CHECK(kiln::test::relative_error(run.out, of_rounded) <= row.tolerance);
+    // 8 bits of mantissa per operand: about 2^-8 of the largest result.
+    CHECK(kiln::test::relative_error(run.out, exact) <= 2e-2);
+  }
+  CHECK(bf16_runs > 0);
+}
+
+TEST_CASE("compile: Precision::bf16 where no kernel multiplies in bfloat16 is "
+          "kiln.target.precision, naming the device") {
+  kiln::Graph g;
+  const kiln::Value x = g.input("x", kiln::Shape{4, 8});
+  const kiln::Value w = g.input("w", kiln::Shape{8, 3});
+  g.mark_output(kiln::matmul(x, w));
+  int refused = 0;
+  kiln::test::for_each_target([&](const kiln::cpu::KernelTable& t) {
+    INFO("target " << std::string(t.target_name));
+    const kiln::cpu::CpuBackend backend(&t);
+    const kiln::CompileOptions bf16{.precision = kiln::Precision::bf16};
+    if (t.bf16_products) {
+      CHECK_NOTHROW((void)kiln::compile(g, backend, bf16));
+      return;
+    }
+    ++refused;
+    try {
+      (void)kiln::compile(g, backend, bf16);
+      FAIL("compiled for bf16 without bf16 kernels");
+    } catch (const kiln::Error& e) {
+      CHECK(e.code() == kiln::errc::precision);
+      CHECK(e.message().find(t.target_name) != std::string::npos);
+      CHECK(e.message().find("Precision::f32") != std::string::npos);
+    }
+  });
+  // Every machine has at least one target without AVX512-BF16 (the scalar or SSE ones).
+  CHECK(refused > 0);
+  kiln::Target described;
+  described.backend = "cuda";
+  CHECK_THROWS_AS(kiln::check_precision(described, kiln::Precision::bf16), kiln::Error);
+  CHECK_NOTHROW(kiln::check_precision(described, kiln::Precision::f32));
 }

@@ -22,10 +22,13 @@ struct KernelVariant {
   bool (*accepts)(const KernelQuery&) = nullptr;
   /// Scratch bytes per worker for this call; null: none.
   std::size_t (*workspace)(const KernelQuery&) = nullptr;
+  /// What it multiplies in: a call compiled for Precision::bf16 takes a bf16 variant where one
+  /// accepts it, and an FP32 one otherwise.
+  Precision precision = Precision::f32;
 };
 
-/// Every op's variants. Their `accepts` rules exclude each other, so the order they were added
-/// in decides nothing.
+/// Every op's variants. The `accepts` rules of the variants of one precision exclude each
+/// other, so the order they were added in decides nothing.
 struct VariantTable {
   std::array<std::vector<KernelVariant>, op_count> variants{};
 
@@ -35,9 +38,16 @@ struct VariantTable {
   /// the reason, naming `device` ("the CPU") when the op has no kernel at all.
   [[nodiscard]] KernelChoice select(const KernelQuery& query, std::string_view device) const {
     const std::vector<KernelVariant>& list = variants[op_index(query.op)];
-    for (const KernelVariant& v : list)
-      if (!v.accepts || v.accepts(query))
-        return {v.run, v.workspace ? v.workspace(query) : 0, v.name};
+    const auto first_of = [&](Precision precision) -> const KernelVariant* {
+      for (const KernelVariant& v : list)
+        if (v.precision == precision && (!v.accepts || v.accepts(query))) return &v;
+      return nullptr;
+    };
+    const KernelVariant* chosen =
+        query.precision == Precision::bf16 ? first_of(Precision::bf16) : nullptr;
+    if (!chosen) chosen = first_of(Precision::f32);
+    if (chosen)
+      return {chosen->run, chosen->workspace ? chosen->workspace(query) : 0, chosen->name};
     if (list.empty()) return {nullptr, 0, std::string(device) + " has no kernel for this op"};
     std::string names;
     for (const KernelVariant& v : list) names += (names.empty() ? "" : ", ") + std::string(v.name);
@@ -46,7 +56,8 @@ struct VariantTable {
 
   /// select() for a call whose arguments are already laid out (data pointers may be null), for
   /// tests and micro-benchmarks that call kernels directly.
-  [[nodiscard]] KernelChoice select(Op op, const KernelArgs& args, std::string_view device) const {
+  [[nodiscard]] KernelChoice select(Op op, const KernelArgs& args, std::string_view device,
+                                    Precision precision = Precision::f32) const {
     std::array<TensorType, max_op_inputs> types{};
     for (int i = 0; i < args.num_inputs; ++i) {
       const TensorView& in = args.in[static_cast<std::size_t>(i)];
@@ -55,7 +66,7 @@ struct VariantTable {
     return select(KernelQuery{op, args.attrs,
                               std::span<const TensorType>(
                                   types.data(), static_cast<std::size_t>(args.num_inputs)),
-                              TensorType{args.out.shape, args.out.dtype}},
+                              TensorType{args.out.shape, args.out.dtype}, precision},
                   device);
   }
 };

@@ -42,7 +42,9 @@ inline constexpr std::string_view truncated = "kiln.data.truncated";  ///< file 
 inline constexpr std::string_view format = "kiln.data.format";        ///< bad header field
 inline constexpr std::string_view missing_data = "kiln.data.missing"; ///< no data directory
 inline constexpr std::string_view no_kernel = "kiln.plan.no_kernel";  ///< backend cannot run a node
-inline constexpr std::string_view memory = "kiln.memory.host";        ///< host memory exhausted
+inline constexpr std::string_view precision =
+    "kiln.target.precision";                                   ///< no kernels of that precision
+inline constexpr std::string_view memory = "kiln.memory.host"; ///< host memory exhausted
 inline constexpr std::string_view not_finite = "kiln.runtime.not_finite"; ///< a loss went NaN/inf
 inline constexpr std::string_view checkpoint_io = "kiln.checkpoint.io";   ///< cannot write/read it
 inline constexpr std::string_view checkpoint_format = "kiln.checkpoint.format";     ///< not valid

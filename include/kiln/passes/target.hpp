@@ -6,6 +6,7 @@
 #include <span>
 #include <string>
 
+#include "kiln/core/precision.hpp"
 #include "kiln/ir/graph.hpp"
 
 namespace kiln {
@@ -19,6 +20,9 @@ struct KernelQuery {
   const Attrs* attrs = nullptr;
   std::span<const TensorType> in;
   TensorType out;
+  /// The precision the compilation lets it multiply in; a backend without a kernel of that
+  /// precision for the call runs its FP32 one.
+  Precision precision = Precision::f32;
 };
 
 /// The work of one kernel call as its device runs it.
@@ -45,6 +49,8 @@ struct Target {
   /// Channel counts that its channels-last (NHWC) convolution kernels tile over must be
   /// multiples of this; 0 when it has none.
   std::int64_t channels_last_multiple = 0;
+  /// Whether some of its convolutions and matmuls can multiply in bfloat16 (Precision::bf16).
+  bool bf16_products = false;
   /// Workers a compilation gets when it asks for 0 (every core).
   int default_threads = 1;
   /// Whether the backend has a kernel for this node: the same selection lowering makes.
@@ -67,5 +73,19 @@ struct Target {
     return has_kernel && has_kernel(query);
   }
 };
+
+/// Fails (kiln.target.precision) when `target` has no kernels that multiply in `precision`,
+/// naming the device, its instruction set and what it lacks.
+inline void check_precision(const Target& target, Precision precision) {
+  if (precision != Precision::bf16 || target.bf16_products) return;
+  fail(errc::precision,
+       "compile: precision bf16 needs kernels that multiply in bfloat16, and the " +
+           target.backend + " backend's " +
+           (target.isa.empty() ? std::string("kernels") : target.isa + " kernels") +
+           " have none on this machine" +
+           (target.backend == "cpu" ? std::string(" (they need AVX-512 with AVX512-BF16)")
+                                    : std::string()) +
+           "; compile with Precision::f32");
+}
 
 } // namespace kiln

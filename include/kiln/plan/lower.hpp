@@ -22,6 +22,8 @@ struct LowerOptions {
   int threads = 0;
   /// Share arena memory between buffers whose lifetimes do not overlap.
   bool share_memory = true;
+  /// The precision convolutions and matmuls may multiply in (CompileOptions::precision).
+  Precision precision = Precision::f32;
 };
 
 /// A switch of lowering that CompileOptions::disable takes by name, as it takes pass names.
@@ -151,7 +153,7 @@ inline void select_kernels(const Graph& g, const std::vector<int>& step_of, cons
       plan.communicator = collective->communicator;
     KernelChoice choice = backend.select(KernelQuery{
         node.op, &step.attrs, std::span<const TensorType>(input_types.data(), node.inputs.size()),
-        node.type});
+        node.type, plan.precision});
     if (!choice.kernel)
       fail(errc::no_kernel, describe_for_backend(g, id) + ": backend " + plan.target.backend +
                                 " has no kernel for it: " + choice.name);
@@ -173,6 +175,7 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
   Plan plan;
   plan.target = backend.target();
   plan.threads = options.threads > 0 ? options.threads : plan.target.default_threads;
+  plan.precision = options.precision;
   const StorageMap storage = storage_map(g);
   const std::vector<int> step_of = number_steps(g);
   lowering::Buffers buffers = lowering::live_ranges(g, storage, step_of);

@@ -64,6 +64,8 @@ struct Plan {
   std::size_t unoptimised_bytes = 0;
   std::size_t workspace_per_worker = 0;
   int threads = 1;
+  /// The precision its convolutions and matmuls were allowed to multiply in.
+  Precision precision = Precision::f32;
   /// Whether the device may record the step once and replay it (CompileOptions::replay).
   bool replay = true;
   /// The communicator of the plan's all-reduce steps (data-parallel training), else null: the

@@ -84,7 +84,7 @@ inline KernelWork step_work(const Plan& plan, const PlanStep& s) {
       plan.target,
       KernelQuery{s.op, &s.attrs,
                   std::span<const TensorType>(in.data(), static_cast<std::size_t>(s.num_inputs)),
-                  TensorType{s.output.shape, s.output.dtype}});
+                  TensorType{s.output.shape, s.output.dtype}, plan.precision});
 }
 
 /// The cost model's time for one run of the plan on a device of `peak`: the sum over its

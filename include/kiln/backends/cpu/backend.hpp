@@ -29,8 +29,9 @@ inline KernelChoice select(const KernelTable& table, const KernelQuery& query) {
 
 /// select() for a call whose arguments are already laid out (data pointers may be null), for
 /// tests and micro-benchmarks that call kernels directly.
-inline KernelChoice select(const KernelTable& table, Op op, const KernelArgs& args) {
-  return table.select(op, args, "the CPU");
+inline KernelChoice select(const KernelTable& table, Op op, const KernelArgs& args,
+                           Precision precision = Precision::f32) {
+  return table.select(op, args, "the CPU", precision);
 }
 
 /// Sum of the multiply-add rates of `threads` threads running the FMA loop at the same time:
@@ -84,6 +85,7 @@ public:
     target_.backend = "cpu";
     target_.isa = kernels().target_name;
     target_.channels_last_multiple = channels_last_multiple;
+    target_.bf16_products = kernels().bf16_products;
     target_.default_threads = tbb::info::default_concurrency();
     target_.has_kernel = [this](const KernelQuery& q) { return select(q).kernel != nullptr; };
     target_.peak_gflops = [this](int threads) { return peak_gflops(kernels(), threads); };

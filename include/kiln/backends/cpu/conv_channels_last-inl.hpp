@@ -264,23 +264,35 @@ HWY_INLINE void WeightGradTile(const float* image, std::size_t width, const Conv
   }
 }
 
+/// Calls tile(offset, m, r0, j) for every tile of a weight gradient's [KH, KW, C, O] rows: rows
+/// r0 .. r0 + m - 1 (at most MR, each a (kernel row, kernel column, input channel) whose value
+/// under the kernel at the first output pixel sits at offset[r] in an image of rows `width`
+/// pixels long), columns j .. j + nr - 1.
+template <std::size_t MR, class Tile>
+HWY_INLINE void ForEachWeightGradTile(const ConvGeometry& g, std::size_t width, std::size_t nr,
+                                      const Tile& tile) {
+  const std::size_t rows = g.ckk();
+  std::size_t offset[MR];
+  for (std::size_t r0 = 0; r0 < rows; r0 += MR) {
+    const std::size_t m = std::min(MR, rows - r0);
+    for (std::size_t r = 0; r < m; ++r) {
+      const std::size_t tap = (r0 + r) / g.c, c = (r0 + r) % g.c;
+      offset[r] = (tap / g.kw * width + tap % g.kw) * g.c + c;
+    }
+    for (std::size_t j = 0; j < g.o; j += nr) tile(offset, m, r0, j);
+  }
+}
+
 /// One image's share of the weight gradient, added to `partial` ([KH, KW, C, O]).
 template <std::size_t NV>
 void WeightGradImage(const float* image, std::size_t width, const ConvGeometry& g, const float* dy,
                      float* partial) {
   constexpr std::size_t mr = kConvMR<NV>;
-  const std::size_t nr = NV * hn::Lanes(GemmTag()), rows = g.ckk();
-  std::size_t offset[mr];
-  for (std::size_t r0 = 0; r0 < rows; r0 += mr) {
-    const std::size_t m = std::min(mr, rows - r0);
-    for (std::size_t r = 0; r < m; ++r) {
-      const std::size_t tap = (r0 + r) / g.c, c = (r0 + r) % g.c;
-      offset[r] = (tap / g.kw * width + tap % g.kw) * g.c + c;
-    }
-    for (std::size_t j = 0; j < g.o; j += nr) {
-      WeightGradTile<mr, NV>(image, width, g, offset, m, dy + j, partial + r0 * g.o + j);
-    }
-  }
+  ForEachWeightGradTile<mr>(
+      g, width, NV * hn::Lanes(GemmTag()),
+      [&](const std::size_t* offset, std::size_t m, std::size_t r0, std::size_t j) {
+        WeightGradTile<mr, NV>(image, width, g, offset, m, dy + j, partial + r0 * g.o + j);
+      });
 }
 
 /// Op::Conv2dGradWeight, channels-last: dW = sum over images of x-under-the-kernel^T · dy,

@@ -231,6 +231,17 @@ inline void PackB(const MatRef& b, std::size_t k0, std::size_t kc, std::size_t j
   }
 }
 
+/// Whether a GEMM has no products to add (m, n or k is 0); its result, zeros where it does
+/// not accumulate, is then already in C.
+inline bool EmptyGemm(std::size_t m, std::size_t n, std::size_t k, float* HWY_RESTRICT c,
+                      std::size_t ldc, bool accumulate) {
+  if (m != 0 && n != 0 && k != 0) return false;
+  if (!accumulate) {
+    for (std::size_t i = 0; i < m && n != 0; ++i) std::fill_n(c + i * ldc, n, 0.0f);
+  }
+  return true;
+}
+
 /// Single-threaded C[0:m, 0:n] = op(A) · op(B) (+ C when `accumulate`), C row-major with row
 /// stride ldc. Scratch, 64-byte aligned: pack_a, gemm_packed_a_floats(m, k) floats, only when
 /// op(A) is not contiguous in k (a.cs != 1), and pack_b, gemm_packed_b_floats(n, k) floats,
@@ -238,13 +249,7 @@ inline void PackB(const MatRef& b, std::size_t k0, std::size_t kc, std::size_t j
 inline void Gemm(std::size_t m, std::size_t n, std::size_t k, const MatRef& a, const GemmB& b,
                  float* HWY_RESTRICT c, std::size_t ldc, bool accumulate,
                  float* HWY_RESTRICT pack_a, float* HWY_RESTRICT pack_b) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    if (!accumulate) {
-      for (std::size_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, 0.0f);
-    }
-    return;
-  }
+  if (EmptyGemm(m, n, k, c, ldc, accumulate)) return;
   constexpr std::size_t mr = kGemmMR;
   const std::size_t nr = GemmNR();
   // Rows contiguous in k are read in place; anything else is packed mc rows at a time.
@@ -294,15 +299,16 @@ inline void Gemm(std::size_t m, std::size_t n, std::size_t k, const MatRef& a, c
 /// Largest MatMul output (in floats, 256 KiB) whose epilogue runs after all tiles.
 inline constexpr std::size_t kEpilogueAfterFloats = std::size_t{1} << 16;
 
-/// Op::MatMul: out[M,N] = op(A) · op(B). Splits C into tiles, one GEMM per tile on the
-/// running thread's workspace slice; tiles are square-ish because each one packs its own
-/// columns of B (and rows of A, when A is transposed). The epilogue, if any, runs over each
-/// tile right after its GEMM, or over the whole output after the last tile when it fits in L2.
-inline void MatMulKernel(const KernelArgs& args) {
+/// Op::MatMul's work over any GEMM: splits C into tiles, one
+/// gemm(rows, cols, a_tile, b_tile, c_tile, ldc, scratch) per tile on the running thread's
+/// workspace slice; tiles are square-ish because each one packs its own columns of B (and rows
+/// of A, where the GEMM packs them). The epilogue, if any, runs over each tile right after its
+/// GEMM, or over the whole output after the last tile when it fits in L2.
+template <class TileGemm>
+void MatMulTiles(const KernelArgs& args, const MatMulLayout& layout, const TileGemm& gemm) {
   const MatMulDims dims = matmul_dims(args);
   const std::size_t m = dims.m, n = dims.n, k = dims.k;
   if (m == 0 || n == 0) return;
-  const MatMulLayout layout = matmul_layout(dims);
   const MatRef a =
       dims.transpose_a ? MatRef{args.in[0].f32(), 1, m} : MatRef{args.in[0].f32(), k, 1};
   const MatRef b =
@@ -343,10 +349,9 @@ inline void MatMulKernel(const KernelArgs& args) {
     const std::size_t i0 = t / tiles_n * tm, j0 = t % tiles_n * tn;
     float* scratch = ThreadScratch(args);
     const MatRef a_tile{a.p + i0 * a.rs, a.rs, a.cs};
-    const GemmB b_tile{MatRef{b.p + j0 * b.cs, b.rs, b.cs}};
+    const MatRef b_tile{b.p + j0 * b.cs, b.rs, b.cs};
     const std::size_t rows = std::min(tm, m - i0), cols = std::min(tn, n - j0);
-    Gemm(rows, cols, k, a_tile, b_tile, c + i0 * n + j0, n, false,
-         dims.transpose_a ? scratch + layout.pack_a : nullptr, scratch + layout.pack_b);
+    gemm(rows, cols, a_tile, b_tile, c + i0 * n + j0, n, scratch);
     if (!epilogue.active() || epilogue_after) return;
     if (cols == n) { // whole rows: one contiguous range
       epilogue(i0 * n, (i0 + rows) * n, scratch + layout.total);
@@ -361,6 +366,18 @@ inline void MatMulKernel(const KernelArgs& args) {
                         epilogue(r.begin(), r.end(), ThreadScratch(args) + layout.total);
                       });
   }
+}
+
+/// Op::MatMul: out[M,N] = op(A) · op(B), MatMulTiles over the FP32 Gemm.
+inline void MatMulKernel(const KernelArgs& args) {
+  const MatMulDims dims = matmul_dims(args);
+  const MatMulLayout layout = matmul_layout(dims);
+  MatMulTiles(args, layout,
+              [&](std::size_t m, std::size_t n, const MatRef& a, const MatRef& b, float* c,
+                  std::size_t ldc, float* scratch) {
+                Gemm(m, n, dims.k, a, GemmB{b}, c, ldc, false,
+                     dims.transpose_a ? scratch + layout.pack_a : nullptr, scratch + layout.pack_b);
+              });
 }
 
 inline void RegisterGemmKernels(KernelTable& table) {

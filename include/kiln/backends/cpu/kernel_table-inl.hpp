@@ -12,9 +12,11 @@
 #include "kiln/backends/cpu/collective.hpp"
 #include "kiln/backends/cpu/conv-inl.hpp"
 #include "kiln/backends/cpu/conv_channels_last-inl.hpp"
+#include "kiln/backends/cpu/conv_channels_last_bf16-inl.hpp"
 #include "kiln/backends/cpu/conv_shifted_rows-inl.hpp"
 #include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/gemm-inl.hpp"
+#include "kiln/backends/cpu/gemm_bf16-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "kiln/backends/cpu/peak-inl.hpp"
 #include "kiln/backends/cpu/pool-inl.hpp"
@@ -35,9 +37,11 @@ inline const KernelTable* GetKernelTable() {
     RegisterElementwiseKernels(t);
     RegisterReduceKernels(t);
     RegisterGemmKernels(t);
+    RegisterBf16GemmKernels(t);
     RegisterConvKernels(t);
     RegisterShiftedRowsConvKernels(t);
     RegisterChannelsLastConvKernels(t);
+    RegisterChannelsLastBf16ConvKernels(t);
     RegisterPoolKernels(t);
     RegisterSoftmaxKernels(t);
     RegisterTransposeKernels(t);

@@ -18,6 +18,8 @@ struct KernelTable : VariantTable {
   std::size_t gemm_tile_rows = 1, gemm_tile_columns = 1;
   /// Floats per SIMD vector: the channels a channels-last kernel's tile spans.
   std::size_t vector_floats = 1;
+  /// Whether it holds variants that multiply in bfloat16 (the CPU has AVX512-BF16).
+  bool bf16_products = false;
 };
 
 /// The kernel table for the best target this CPU supports (Highway dynamic dispatch).

@@ -45,9 +45,36 @@ template <Op op, ConvAlgorithm algorithm> std::size_t conv_workspace(const Kerne
          sizeof(float);
 }
 
+/// Whether the channels-last variant of `op` that multiplies in bfloat16 runs this call: the
+/// FP32 one's rule, and for the forward and input-gradient kernels an even depth (input
+/// channels; output channels for the input gradient), since they multiply pairs of channels.
+/// The weight gradient pairs neighbouring pixels of the input a vector of channels at a time,
+/// so it takes whole vectors of input channels (with one channel, pairing the pixels cost more
+/// than the faster products saved: the MNIST CNN's first layer ran at half its FP32 speed).
+template <Op op> bool conv_bf16_accepts(const KernelQuery& q) {
+  if (!conv_accepts<op, ConvAlgorithm::channels_last>(q)) return false;
+  const ConvGeometry g = conv_geometry(op, q);
+  if (op == Op::Conv2d) return g.c % 2 == 0;
+  if (op == Op::Conv2dGradInput) return g.o % 2 == 0;
+  return g.c % channels_last_multiple == 0;
+}
+
+/// Scratch bytes per thread of a channels-last convolution that multiplies in bfloat16.
+template <Op op> std::size_t conv_bf16_workspace(const KernelQuery& q) {
+  const ConvGeometry g = conv_geometry(op, q);
+  return (conv_bf16_layout(op, g).total + epilogue_floats(q.attrs) +
+          conv_staging_floats(op, g, q.attrs)) *
+         sizeof(float);
+}
+
 /// Scratch bytes per thread of the MatMul kernel: its packing buffers and the epilogue's temps.
 inline std::size_t matmul_workspace(const KernelQuery& q) {
   return (matmul_layout(matmul_dims(q)).total + epilogue_floats(q.attrs)) * sizeof(float);
+}
+
+/// Scratch bytes per thread of the MatMul kernel that multiplies in bfloat16.
+inline std::size_t matmul_bf16_workspace(const KernelQuery& q) {
+  return (matmul_bf16_layout(matmul_dims(q)).total + epilogue_floats(q.attrs)) * sizeof(float);
 }
 
 /// Scratch bytes per thread of a fused elementwise kernel: a chunk per intermediate result.

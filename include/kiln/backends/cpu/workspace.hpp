@@ -109,6 +109,15 @@ inline MatMulLayout matmul_layout(const MatMulDims& d) {
   return l;
 }
 
+/// The MatMul kernel that multiplies in bfloat16 always converts A: packed A, then packed B,
+/// each the bytes of the FP32 buffers over twice the depth.
+inline MatMulLayout matmul_bf16_layout(const MatMulDims& d) {
+  MatMulLayout l;
+  l.pack_b = gemm_packed_a_floats(d.m, d.k);
+  l.total = l.pack_b + gemm_packed_b_floats(d.n, d.k);
+  return l;
+}
+
 /// Most taps (input channels x kernel rows x kernel columns) of a weight gradient computed
 /// from shifted rows: its tiles hold one vector of sums per (output channel, tap).
 inline constexpr std::size_t shifted_rows_max_taps = 32;
@@ -241,6 +250,37 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g, ConvAlgorithm algori
     l.rows = take(gemm_blocking::max_nr * conv_pixel_chunk);
     l.pack_b = take(gemm_packed_b_floats(g.o, p));
     l.partial = take(g.o * ckk);
+  }
+  l.total = at;
+  return l;
+}
+
+/// Per-thread scratch of a channels-last convolution that multiplies in bfloat16, in floats:
+/// `image`, the image it reads, padded by its halo, as bfloat16 pairs of depths (for the
+/// weight gradient: pairs of the values a stride apart along a row); `weights`, the weight as
+/// pairs of depths, tap by tap (the first worker's slice holds the one copy every worker
+/// reads); for the weight gradient, `gradient`, dy as pairs of neighbouring output pixels of a
+/// row, and `partial`, the worker's partial dW in [KH, KW, C, O] order.
+struct ConvBf16Layout {
+  std::size_t image = 0, weights = 0, gradient = 0, partial = 0, total = 0;
+};
+
+inline ConvBf16Layout conv_bf16_layout(Op op, const ConvGeometry& g) {
+  ConvBf16Layout l;
+  std::size_t at = 0;
+  const auto take = [&at](std::size_t floats) {
+    const std::size_t start = at;
+    at += round_up_floats(floats);
+    return start;
+  };
+  const ConvHalo halo = conv_halo(op, g);
+  if (op == Op::Conv2dGradWeight) {
+    l.image = take(halo.floats());
+    l.gradient = take(g.oh * ((g.ow + 1) / 2) * g.o);
+    l.partial = take(g.o * g.ckk());
+  } else {
+    l.image = take((halo.floats() + 1) / 2);
+    l.weights = take((g.kh * g.kw * g.c * g.o + 1) / 2);
   }
   l.total = at;
   return l;
