@@ -28,13 +28,15 @@ struct Config {
   std::string name;
   std::vector<std::string> disable;
   bool tune = false; ///< every pass, with the tuner's measured decisions (Tune::quick)
+  kiln::Precision precision = kiln::Precision::f32;
 };
 
 /// The configurations, from the pipeline's own names: every fuse_* pass is fusion, "layout"
 /// is the layout pass, memory planning is the "schedule" pass and both lowering switches,
 /// every other pass is cleanup, and "all off" is every pass and lowering switch at once.
-/// "tuned" is every pass with Tune::quick, tuned afresh in this run.
-std::vector<Config> make_configs() {
+/// "tuned" is every pass with Tune::quick, tuned afresh in this run; "bf16" is every pass with
+/// Precision::bf16, where the device has kernels that multiply in bfloat16.
+std::vector<Config> make_configs(const kiln::Target& target) {
   std::vector<std::string> fusion, cleanup, everything;
   for (const kiln::Pass& p : kiln::default_pipeline) {
     if (p.name.starts_with("fuse_"))
@@ -44,16 +46,15 @@ std::vector<Config> make_configs() {
     everything.emplace_back(p.name);
   }
   for (const kiln::LoweringSwitch& s : kiln::lowering_switches) everything.emplace_back(s.name);
-  return {{"all passes", {}},
-          {"tuned", {}, true},
-          {"fusion off", fusion},
-          {"layout off", {"layout"}},
-          {"memory planning off", {"schedule", "plan_memory", "inplace"}},
-          {"cleanup off", cleanup},
-          {"all off", everything}};
+  std::vector<Config> configs = {{"all passes", {}}, {"tuned", {}, true}};
+  if (target.bf16_products) configs.push_back({"bf16", {}, false, kiln::Precision::bf16});
+  configs.insert(configs.end(), {{"fusion off", fusion},
+                                 {"layout off", {"layout"}},
+                                 {"memory planning off", {"schedule", "plan_memory", "inplace"}},
+                                 {"cleanup off", cleanup},
+                                 {"all off", everything}});
+  return configs;
 }
-
-const std::vector<Config> configs = make_configs();
 
 /// Bytes each step reads and writes, summed: what the plan moves through memory per run
 /// (kernels that re-read an input, like convolutions, count it once), plus the column
@@ -108,7 +109,8 @@ struct Row {
 
 /// The speedup of every configuration over "all off", one cluster of bars per configuration
 /// and one bar per network, as gnuplot draws it.
-std::string speedup_chart(const std::vector<std::string>& networks,
+std::string speedup_chart(const std::vector<Config>& configs,
+                          const std::vector<std::string>& networks,
                           const std::vector<std::vector<double>>& speedups,
                           const std::string& title) {
   std::ostringstream script;
@@ -136,6 +138,7 @@ std::string speedup_chart(const std::vector<std::string>& networks,
 
 int run(const bench::StepFlags& flags, const std::string& device, const std::string& plot) {
   const kiln::Backend& backend = kiln::backend_named(device);
+  const std::vector<Config> configs = make_configs(backend.target());
   const kiln::tools::JsonOutput json(flags.json);
   if (!plot.empty()) {
     kiln::tools::require_program("gnuplot", "gnuplot-nox", "--plot");
@@ -165,7 +168,8 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
       if (c.tune) {
         exes.push_back(compile_tuned(g, backend, threads, cache, tuning));
       } else {
-        exes.push_back(kiln::compile(g, backend, {.threads = threads, .disable = c.disable}));
+        exes.push_back(kiln::compile(
+            g, backend, {.threads = threads, .disable = c.disable, .precision = c.precision}));
       }
       exes.back().set_input("x", images);
       exes.back().set_input("y", labels);
@@ -227,7 +231,8 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
     const std::string title = "kiln fusion_bench: training step on " + device + ", batch " +
                               std::to_string(batch) + ", " + std::to_string(threads) +
                               " threads, " + target;
-    kiln::tools::plot_svg(speedup_chart(networks, speedups, title), plot, "--plot", 900, 440);
+    kiln::tools::plot_svg(speedup_chart(configs, networks, speedups, title), plot, "--plot", 900,
+                          440);
     std::printf("wrote %s\n", plot.c_str());
   }
   return 0;

@@ -1,7 +1,8 @@
 // vs_libtorch: kiln against libtorch (PyTorch's C++ API) training the same networks with the
 // same batch, thread count and optimizer (SGD, momentum 0.9), the two alternating in one
-// run; prints ms per step for each and the ratio. --json writes the same; `vs_libtorch --help`
-// lists its flags.
+// run; prints ms per step for each and the ratio, and where the CPU has AVX512-BF16 also kiln's
+// step multiplying in bfloat16 (Precision::bf16) against the same libtorch step. --json writes
+// the same; `vs_libtorch --help` lists its flags.
 // libtorch runs at its best (bench::run_libtorch_at_its_best).
 #include <chrono>
 #include <cmath>
@@ -45,27 +46,39 @@ int run(const bench::StepFlags& flags) {
               "steps; libtorch with %s\n",
               batch, threads, static_cast<double>(momentum), rounds, steps,
               bench::libtorch_settings().c_str());
-  std::printf("%-14s %10s %10s %10s %12s\n", "network", "kiln ms", "torch ms", "ratio",
-              "kiln img/s");
+  const bool bf16 = kiln::cpu_backend().target().bf16_products;
+  std::printf("%-14s %10s %10s %10s %12s", "network", "kiln ms", "torch ms", "ratio", "kiln img/s");
+  std::printf(bf16 ? " %13s %10s\n" : "\n", "kiln bf16 ms", "bf16 ratio");
   for (const auto& [network, make] : bench::reference_networks) {
     kiln::Graph g;
     bench::build_training_step(g, make, batch, {.lr = lr, .momentum = momentum});
     kiln::Executor exe = kiln::compile(g, {.threads = threads});
-    exe.set_input("x", images);
-    exe.set_input("y", labels);
+    // The same step with every convolution and matmul that can multiplying in bfloat16.
+    kiln::Executor exe_bf16 = kiln::compile(
+        g, {.threads = threads, .precision = bf16 ? kiln::Precision::bf16 : kiln::Precision::f32});
+    for (kiln::Executor* e : {&exe, &exe_bf16}) {
+      e->set_input("x", images);
+      e->set_input("y", labels);
+      e->run(); // warm-up
+    }
     target = exe.plan().target.isa;
     bench::TorchTrainer torch(network, batch, images, labels, lr, momentum);
-    exe.run(); // warm-up
     torch.step();
-    const bench::Timing t =
-        bench::time_alternately({[&] { exe.run(); }, [&] { torch.step(); }}, rounds, steps);
+    std::vector<std::function<void()>> contenders = {[&] { exe.run(); }, [&] { torch.step(); }};
+    if (bf16) contenders.emplace_back([&] { exe_bf16.run(); });
+    const bench::Timing t = bench::time_alternately(contenders, rounds, steps);
     const double kiln_ms = t.per_executor[0].median, torch_ms = t.per_executor[1].median;
     // libtorch's timed blocks are short; its speed over a long run (as a user trains) must
     // agree, or the blocks caught a transient (a cold allocator, a pool that had gone to sleep).
     const double long_ms = long_run_ms(torch, 40.0 * steps * torch_ms);
-    std::printf("%-14s %10.2f %10.2f %9.2fx %12.0f   (libtorch over %.1f s: %.2f ms/step%s)\n",
-                network, kiln_ms, torch_ms, torch_ms / kiln_ms, 1000.0 * batch / kiln_ms,
-                40.0 * steps * torch_ms / 1000.0, long_ms,
+    std::printf("%-14s %10.2f %10.2f %9.2fx %12.0f", network, kiln_ms, torch_ms, torch_ms / kiln_ms,
+                1000.0 * batch / kiln_ms);
+    if (bf16) {
+      const double bf16_ms = t.per_executor[2].median;
+      std::printf(" %13.2f %9.2fx", bf16_ms, torch_ms / bf16_ms);
+    }
+    std::printf("   (libtorch over %.1f s: %.2f ms/step%s)\n", 40.0 * steps * torch_ms / 1000.0,
+                long_ms,
                 std::abs(long_ms / torch_ms - 1.0) > 0.1 ? ", not its timed speed: rerun" : "");
     rows.push_back({{"network", network},
                     {"kiln_ms_per_step", kiln_ms},
@@ -76,6 +89,10 @@ int run(const bench::StepFlags& flags) {
                     {"batch", batch},
                     {"target", target},
                     {"other_cores_busy", t.other_cores}});
+    if (bf16) {
+      rows.back()["kiln_bf16_ms_per_step"] = t.per_executor[2].median;
+      rows.back()["bf16_speedup"] = torch_ms / t.per_executor[2].median;
+    }
     bench::print_neighbours(t);
   }
   std::printf("kiln target %s; %s\n", target.c_str(), bench::torch_version().c_str());

@@ -80,6 +80,7 @@ for program in "$@"; do
     expect_rejected "$program" --batch --batch 0
     expect_rejected "$program" --batch --data "$data" --batch 10000
     expect_rejected "$program" --model --model vgg
+    expect_rejected "$program" --precision --precision fp16
     expect_rejected "$program" --json --data "$data" --json "$work/no/such/dir/out.json"
     expect_rejected "$program" --disable --disable layout,fuse_nothing
     expect_rejected "$program" --data --data "$work/no/such/dir"
@@ -180,6 +181,7 @@ assert abs(e["difference"] - (e["kiln_mean"] - e["libtorch_mean"])) < 1e-9, e' "
     expect_rejected "$program" --repeats -r abc
     expect_rejected "$program" "were not expected" 1 0
     expect_rejected "$program" --only --only "no such shape"
+    expect_rejected "$program" --precision --precision f64
     if "$program" --repeats 1 --only "dW, NHWC" >"$work/micro" 2>"$work/err"; then
       rows="$(grep -c "dW, NHWC" "$work/micro")"
       others="$(tail -n +3 "$work/micro" | grep -vc "dW, NHWC")"

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kiln/kiln.hpp"
+#include "support/skip.hpp"
 
 namespace {
 
@@ -197,6 +198,48 @@ TEST_CASE("one and two threads compute the same training step") {
   }
   for (std::size_t i = 0; i < losses[0].size(); ++i)
     CHECK(losses[0][i] == doctest::Approx(losses[1][i]).epsilon(1e-4));
+}
+
+TEST_CASE("a training step with Precision::bf16 follows the FP32 one, its convolutions and "
+          "matmuls multiplying in bfloat16") {
+  if (!kiln::cpu_backend().target().bf16_products) {
+    kiln::test::skip("this CPU has no AVX512-BF16, so no kernel multiplies in bfloat16");
+    return;
+  }
+  std::vector<float> losses[2];
+  int bf16_kernels[2] = {0, 0};
+  for (const kiln::Precision precision : {kiln::Precision::f32, kiln::Precision::bf16}) {
+    const auto k = static_cast<std::size_t>(precision);
+    kiln::nn::manual_seed(11);
+    kiln::nn::Sequential net = kiln::nn::models::mnist_cnn();
+    kiln::Graph g;
+    auto x = g.input("x", {16, 1, 28, 28});
+    auto y = g.input("y", {16}, kiln::i32);
+    auto loss = kiln::softmax_cross_entropy(net(x), y);
+    (void)kiln::train_step(loss, net.parameters(), kiln::optim::SGD{.lr = 0.05f, .momentum = 0.9f});
+    auto exe = kiln::compile(g, {.threads = 2, .precision = precision});
+    for (const kiln::PlanStep& s : exe.plan().steps)
+      bf16_kernels[k] += s.kernel_name.ends_with(".bf16") ? 1 : 0;
+    kiln::Rng rng(12);
+    std::vector<float> xs(16 * 784);
+    std::vector<std::int32_t> ys(16);
+    for (float& v : xs) v = rng.uniform(0.0f, 1.0f);
+    for (auto& v : ys) v = static_cast<std::int32_t>(rng.below(10));
+    exe.set_input("x", xs);
+    exe.set_input("y", ys);
+    for (int i = 0; i < 6; ++i) {
+      exe.run();
+      losses[k].push_back(exe.scalar(loss));
+    }
+  }
+  CHECK(bf16_kernels[0] == 0);
+  // The second convolution, both its gradients, and the two linear layers' products.
+  CHECK(bf16_kernels[1] >= 7);
+  for (std::size_t i = 0; i < losses[0].size(); ++i) {
+    INFO("step " << i);
+    CHECK(losses[1][i] == doctest::Approx(losses[0][i]).epsilon(2e-2));
+  }
+  CHECK(losses[1].back() < 0.95f * losses[1].front()); // it learns the batch
 }
 
 TEST_CASE("the learning rate can change between runs without recompiling") {
