@@ -17,6 +17,7 @@
 #include <tbb/task_arena.h>
 
 #include "kiln/backends/cpu/elementwise-inl.hpp"
+#include "kiln/backends/cpu/float_runs-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "kiln/backends/cpu/variants.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
@@ -299,11 +300,48 @@ inline void Gemm(std::size_t m, std::size_t n, std::size_t k, const MatRef& a, c
 /// Largest MatMul output (in floats, 256 KiB) whose epilogue runs after all tiles.
 inline constexpr std::size_t kEpilogueAfterFloats = std::size_t{1} << 16;
 
+/// MatMulTiles for a small output over a long depth: the depth cut into one run per worker
+/// slot, each run's products summed by one GEMM into that slot's partial result (whichever
+/// thread runs it), the partials then added in slot order and the epilogue run over each block
+/// of the sum. The result depends on the thread count only, as the weight gradients' do.
+template <class TileGemm>
+void MatMulDepthRuns(const KernelArgs& args, const MatMulLayout& layout, const MatRef& a,
+                     const MatRef& b, std::size_t runs, const EpilogueRunner& epilogue,
+                     const TileGemm& gemm) {
+  const MatMulDims dims = matmul_dims(args);
+  const std::size_t m = dims.m, n = dims.n, k = dims.k;
+  const auto partial = [&](std::size_t run) {
+    return reinterpret_cast<float*>(args.workspace) +
+           run * (args.workspace_per_worker / sizeof(float)) + layout.partial;
+  };
+  tbb::parallel_for(
+      tbb::blocked_range<std::size_t>(0, runs, 1),
+      [&](const tbb::blocked_range<std::size_t>& r) {
+        for (std::size_t run = r.begin(); run < r.end(); ++run) {
+          const std::size_t k0 = k * run / runs, k1 = k * (run + 1) / runs;
+          gemm(m, n, k1 - k0, MatRef{a.p + k0 * a.cs, a.rs, a.cs},
+               MatRef{b.p + k0 * b.rs, b.rs, b.cs}, partial(run), n, ThreadScratch(args));
+        }
+      },
+      tbb::simple_partitioner());
+  float* c = args.out.f32();
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, m * n, 4096),
+                    [&](const tbb::blocked_range<std::size_t>& r) {
+                      const std::size_t count = r.end() - r.begin();
+                      CopyFloats(c + r.begin(), partial(0) + r.begin(), count);
+                      for (std::size_t run = 1; run < runs; ++run)
+                        AddFloats(c + r.begin(), partial(run) + r.begin(), count);
+                      if (epilogue.active())
+                        epilogue(r.begin(), r.end(), ThreadScratch(args) + layout.total);
+                    });
+}
+
 /// Op::MatMul's work over any GEMM: splits C into tiles, one
-/// gemm(rows, cols, a_tile, b_tile, c_tile, ldc, scratch) per tile on the running thread's
-/// workspace slice; tiles are square-ish because each one packs its own columns of B (and rows
-/// of A, where the GEMM packs them). The epilogue, if any, runs over each tile right after its
-/// GEMM, or over the whole output after the last tile when it fits in L2.
+/// gemm(rows, cols, depth, a_tile, b_tile, c_tile, ldc, scratch) per tile on the running
+/// thread's workspace slice; tiles are square-ish because each one packs its own columns of B
+/// (and rows of A, where the GEMM packs them). The epilogue, if any, runs over each tile right
+/// after its GEMM, or over the whole output after the last tile when it fits in L2. A small
+/// output over a long depth (matmul_splits_depth) is instead summed in runs of depths.
 template <class TileGemm>
 void MatMulTiles(const KernelArgs& args, const MatMulLayout& layout, const TileGemm& gemm) {
   const MatMulDims dims = matmul_dims(args);
@@ -326,6 +364,10 @@ void MatMulTiles(const KernelArgs& args, const MatMulLayout& layout, const TileG
   // A few tiles per thread let work stealing even out the ragged edge tiles; a product of a
   // few microseconds is not worth waking other threads for.
   const bool tiny = m * n * k < (std::size_t{1} << 19);
+  if (threads > 1 && !tiny && matmul_splits_depth(dims)) {
+    MatMulDepthRuns(args, layout, a, b, threads, epilogue, gemm);
+    return;
+  }
   const std::size_t wanted = threads <= 1 || tiny ? 1 : 4 * threads;
   std::size_t gm = 1, gn = 1;
   while (gm * gn < wanted) {
@@ -351,7 +393,7 @@ void MatMulTiles(const KernelArgs& args, const MatMulLayout& layout, const TileG
     const MatRef a_tile{a.p + i0 * a.rs, a.rs, a.cs};
     const MatRef b_tile{b.p + j0 * b.cs, b.rs, b.cs};
     const std::size_t rows = std::min(tm, m - i0), cols = std::min(tn, n - j0);
-    gemm(rows, cols, a_tile, b_tile, c + i0 * n + j0, n, scratch);
+    gemm(rows, cols, k, a_tile, b_tile, c + i0 * n + j0, n, scratch);
     if (!epilogue.active() || epilogue_after) return;
     if (cols == n) { // whole rows: one contiguous range
       epilogue(i0 * n, (i0 + rows) * n, scratch + layout.total);
@@ -373,9 +415,9 @@ inline void MatMulKernel(const KernelArgs& args) {
   const MatMulDims dims = matmul_dims(args);
   const MatMulLayout layout = matmul_layout(dims);
   MatMulTiles(args, layout,
-              [&](std::size_t m, std::size_t n, const MatRef& a, const MatRef& b, float* c,
-                  std::size_t ldc, float* scratch) {
-                Gemm(m, n, dims.k, a, GemmB{b}, c, ldc, false,
+              [&](std::size_t m, std::size_t n, std::size_t k, const MatRef& a, const MatRef& b,
+                  float* c, std::size_t ldc, float* scratch) {
+                Gemm(m, n, k, a, GemmB{b}, c, ldc, false,
                      dims.transpose_a ? scratch + layout.pack_a : nullptr, scratch + layout.pack_b);
               });
 }

@@ -75,9 +75,10 @@ constexpr std::size_t gemm_prepacked_b_floats(std::size_t n, std::size_t k) {
 }
 
 /// Per-thread scratch of the MatMul kernel, in floats: packed A (only for a transposed A; the
-/// GEMM reads rows contiguous in k in place), then packed B.
+/// GEMM reads rows contiguous in k in place), then packed B, then, where it splits its depth
+/// (matmul_splits_depth), one run's partial result.
 struct MatMulLayout {
-  std::size_t pack_a = 0, pack_b = 0, total = 0;
+  std::size_t pack_a = 0, pack_b = 0, partial = 0, total = 0;
 };
 
 /// M, N, K of a MatMul call, read from its shapes and attributes.
@@ -102,21 +103,29 @@ template <class Call> MatMulDims matmul_dims(const Call& args) {
   return d;
 }
 
-inline MatMulLayout matmul_layout(const MatMulDims& d) {
+/// Whether a MatMul sums its depth in runs, one per worker, each into a partial result of its
+/// own, the partials then added in order: for an output so small against its depth that tiles
+/// of it would pack the same rows of B again for every row of tiles (the MNIST CNN's first
+/// linear layer: 64 x 128 over a depth of 9216).
+inline bool matmul_splits_depth(const MatMulDims& d) {
+  return d.k >= 8 * (d.m + d.n) && d.m * d.n <= (std::size_t{1} << 16);
+}
+
+/// The MatMul layout with the packed-A buffer where `packs_a` (the FP32 GEMM packs only a
+/// transposed A; the one that multiplies in bfloat16 converts every A).
+inline MatMulLayout matmul_layout(const MatMulDims& d, bool packs_a) {
   MatMulLayout l;
-  l.pack_b = d.transpose_a ? gemm_packed_a_floats(d.m, d.k) : 0;
-  l.total = l.pack_b + gemm_packed_b_floats(d.n, d.k);
+  l.pack_b = packs_a ? gemm_packed_a_floats(d.m, d.k) : 0;
+  l.partial = l.pack_b + gemm_packed_b_floats(d.n, d.k);
+  l.total = l.partial + (matmul_splits_depth(d) ? round_up_floats(d.m * d.n) : 0);
   return l;
 }
 
+inline MatMulLayout matmul_layout(const MatMulDims& d) { return matmul_layout(d, d.transpose_a); }
+
 /// The MatMul kernel that multiplies in bfloat16 always converts A: packed A, then packed B,
-/// each the bytes of the FP32 buffers over twice the depth.
-inline MatMulLayout matmul_bf16_layout(const MatMulDims& d) {
-  MatMulLayout l;
-  l.pack_b = gemm_packed_a_floats(d.m, d.k);
-  l.total = l.pack_b + gemm_packed_b_floats(d.n, d.k);
-  return l;
-}
+/// each sized as the FP32 buffers (bfloat16 over the same depth fills half of them).
+inline MatMulLayout matmul_bf16_layout(const MatMulDims& d) { return matmul_layout(d, true); }
 
 /// Most taps (input channels x kernel rows x kernel columns) of a weight gradient computed
 /// from shifted rows: its tiles hold one vector of sums per (output channel, tap).
