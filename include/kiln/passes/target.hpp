@@ -33,8 +33,9 @@ struct KernelWork {
   double bytes = 0.0;
   /// Bytes a separate phase copies before the arithmetic starts (a GEMM packing an operand).
   double packed_bytes = 0.0;
-  /// The share of the multiply-add peak its inner loop can reach on these shapes: below 1
-  /// where the shapes leave a kernel's register tiles partly empty or its inner products short.
+  /// The share of the FP32 multiply-add peak its inner loop can reach on these shapes: below 1
+  /// where the shapes leave a kernel's register tiles partly empty or its inner products short,
+  /// up to 2 where it multiplies in bfloat16 (two multiply-adds per lane of a dot product).
   double compute_fill = 1.0;
 };
 

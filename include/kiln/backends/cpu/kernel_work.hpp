@@ -71,6 +71,9 @@ inline KernelWork kernel_work(const KernelTable& table, const KernelQuery& query
         static_cast<double>(out[1] * depth + (attrs.transpose_a ? out[0] * depth : 0));
     work.packed_bytes = 2.0 * 4.0 * packed;
   }
+  // A bfloat16 dot product does two multiply-adds per lane where an FP32 FMA does one.
+  if (query.precision == Precision::bf16 && table.select(query, "the CPU").name.ends_with(".bf16"))
+    work.compute_fill *= 2.0;
   return work;
 }
 
