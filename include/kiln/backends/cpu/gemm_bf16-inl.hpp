@@ -21,7 +21,7 @@
 #endif
 
 // The AVX512-BF16 instructions on top of the target's own: functions that use them run only
-// where bf16_kernels_run() said the CPU has them.
+// where Bf16KernelsRun() said the CPU has them.
 #ifndef KILN_BF16_FUNCTION
 #define KILN_BF16_FUNCTION __attribute__((target("avx512bf16")))
 #endif
@@ -41,7 +41,7 @@ inline constexpr std::size_t kBf16NV = 3;
 inline constexpr std::size_t kBf16NR = kBf16NV * 16;
 static_assert(kBf16MR <= gemm_blocking::max_mr && kBf16NR <= gemm_blocking::max_nr);
 /// Depth of a packed panel: the FP32 one, so that a sliver of B (24 KiB of pairs) stays in L1
-/// with the rows of A (twice the depth, filling the FP32 sliver's 48 KiB, ran 3% slower).
+/// beside the rows of A; twice the depth would fill 48 KiB, more than L1 holds.
 inline constexpr std::size_t kBf16KC = gemm_blocking::kc;
 
 /// Lane masks of the first `n` of 16 lanes, and of the first `n` of 32 16-bit lanes.
