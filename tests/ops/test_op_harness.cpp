@@ -178,6 +178,9 @@ TEST_CASE("compile: Precision::bf16 where no kernel multiplies in bfloat16 is "
       CHECK(e.message().find(t.target_name) != std::string::npos);
       CHECK(e.message().find("Precision::f32") != std::string::npos);
     }
+    // Lowering directly, without compile(), refuses it too rather than running FP32.
+    CHECK_THROWS_AS((void)kiln::lower(g, backend, {.precision = kiln::Precision::bf16}),
+                    kiln::Error);
   });
   // Every machine has at least one target without AVX512-BF16 (the scalar or SSE ones).
   CHECK(refused > 0);

@@ -22,7 +22,8 @@ struct LowerOptions {
   int threads = 0;
   /// Share arena memory between buffers whose lifetimes do not overlap.
   bool share_memory = true;
-  /// The precision convolutions and matmuls may multiply in (CompileOptions::precision).
+  /// The precision convolutions and matmuls may multiply in (CompileOptions::precision); one
+  /// the backend has no kernels for is kiln.target.precision, not a silent FP32 plan.
   Precision precision = Precision::f32;
 };
 
@@ -175,6 +176,7 @@ inline Plan lower(const Graph& g, const Backend& backend, const LowerOptions& op
   Plan plan;
   plan.target = backend.target();
   plan.threads = options.threads > 0 ? options.threads : plan.target.default_threads;
+  check_precision(plan.target, options.precision);
   plan.precision = options.precision;
   const StorageMap storage = storage_map(g);
   const std::vector<int> step_of = number_steps(g);
