@@ -57,8 +57,11 @@ template <class D> struct HwyMath {
 
 /// One contiguous row: a and b are either contiguous (kVecA/kVecB) or one broadcast scalar.
 /// `out` may be `a` or `b` (in-place steps): each element is read before it is written.
+// Flattened: the op's apply is a template compiled for the baseline target, so GCC will not
+// inline the policy's vector operations into it and would leave calls (one per vector) in the
+// loop; flattening inlines them into this function, which has the target's attributes.
 template <Op op, bool kVecA, bool kVecB>
-void ElementwiseRow(const float* a, const float* b, float* out, std::int64_t n, float scalar) {
+__attribute__((flatten)) void ElementwiseRow(const float* a, const float* b, float* out, std::int64_t n, float scalar) {
   using Def = OpDef<op>;
   const hn::ScalableTag<float> d;
   const HwyMath<decltype(d)> m{d};
