@@ -287,11 +287,11 @@ inline void add_conv(std::vector<OpRow>& out, const Conv& c, bool gradient = fal
 }
 
 /// The channels-last forms on `c`: activations NHWC, weights packed as each form packs them
-/// (HWIO forward, HWOI for the input gradient, which needs stride 1 and 16-channel tiles).
+/// (HWIO forward, HWOI for the input gradient, which needs 16-channel tiles).
 inline void add_conv_channels_last(std::vector<OpRow>& out, const Conv& c) {
   const Shape x{c.n, c.h, c.w, c.c}, y{c.n, c.oh(), c.ow(), c.o};
   out.push_back({Op::Conv2d, {in(x), in({c.kh, c.kw, c.c, c.o})}, c.attrs(true), 1e-4});
-  if (c.stride_h == 1 && c.stride_w == 1 && c.c % 16 == 0)
+  if (c.c % 16 == 0)
     out.push_back({Op::Conv2dGradInput, {in(y), in({c.kh, c.kw, c.o, c.c})}, c.attrs(true), 1e-4});
   out.push_back({Op::Conv2dGradWeight, {in(x), in(y)}, c.attrs(true), 1e-4});
 }
@@ -334,7 +334,15 @@ inline void add_convs(std::vector<OpRow>& out) {
            {2, 48, 6, 5, 48, 3, 3},
            {1, 16, 9, 8, 32, 5, 5, 1, 1, 2, 2},
            {2, 16, 9, 10, 32, 3, 3, 2, 2, 1, 1},
-           {5, 16, 6, 6, 16, 3, 3, 1, 1, 1, 1}})
+           {5, 16, 6, 6, 16, 3, 3, 1, 1, 1, 1},
+           // Strided input gradients, computed by phases: the small ResNet's stride-2
+           // convolution; stride 3 over a 5x5 kernel with uneven padding; a 1x1 kernel, whose
+           // odd phases meet no tap; different strides across; a stride wider than the kernel.
+           {2, 16, 28, 28, 32, 3, 3, 2, 2, 1, 1},
+           {2, 16, 11, 10, 16, 5, 5, 3, 3, 2, 1},
+           {2, 32, 7, 6, 16, 1, 1, 2, 2},
+           {1, 16, 9, 8, 16, 3, 2, 2, 1, 1, 0},
+           {2, 16, 10, 9, 16, 2, 2, 3, 3}})
     add_conv_channels_last(out, c);
 }
 

@@ -51,13 +51,18 @@ inline std::size_t ConvTileVectors(std::size_t channels) {
 }
 
 /// The taps of a kernel walked in order: tap (i, j) reads its rows at i * row_step + j *
-/// col_step and multiplies by the depth x ldb block of B at b + (i * kw + j) * b_step (a
-/// negative b_step walks the kernel flipped).
+/// col_step and multiplies by the depth x ldb block of B at b + i * b_row_step + j * b_step
+/// (negative steps walk the kernel flipped; a strided input gradient's phase steps over taps).
 struct TapWalk {
   std::size_t kh, kw;
   std::ptrdiff_t row_step, col_step;
   const float* b;
-  std::ptrdiff_t b_step;
+  std::ptrdiff_t b_row_step, b_step;
+
+  /// Every tap of a kh x kw kernel whose B blocks lie b_step apart, row after row.
+  static TapWalk Dense(std::size_t kh, std::size_t kw, const float* b, std::ptrdiff_t b_step) {
+    return {kh, kw, 0, 0, b, static_cast<std::ptrdiff_t>(kw) * b_step, b_step};
+  }
 };
 
 /// c[r, 0 : NV vectors] (+)= sum over taps and k < depth of row[r][tap offset + k] * B[tap][k]:
@@ -86,7 +91,8 @@ HWY_INLINE void ImplicitTile(const float* const* row, std::size_t m, const TapWa
       const float* at[MR];
       HWY_UNROLL(16)
       for (std::size_t r = 0; r < MR; ++r) at[r] = a[r] + offset;
-      const float* b = taps.b + static_cast<std::ptrdiff_t>(i * taps.kw + j) * taps.b_step;
+      const float* b = taps.b + static_cast<std::ptrdiff_t>(i) * taps.b_row_step +
+                       static_cast<std::ptrdiff_t>(j) * taps.b_step;
       for (std::size_t k = 0; k < depth; ++k, b += ldb) {
         V bv[NV];
         HWY_UNROLL(4)
@@ -187,18 +193,61 @@ inline void Conv2dChannelsLastKernel(const KernelArgs& args) {
     float* scratch = ThreadScratch(args);
     float* yn = epilogue.result_target(y + n * image, scratch + staging);
     const auto [in, width] = HaloedImage(x + n * g.h * g.w * g.c, g.h, g.w, halo, scratch);
-    const TapWalk taps{g.kh, g.kw, 0, 0, w, static_cast<std::ptrdiff_t>(g.c * g.o)};
+    const TapWalk taps = TapWalk::Dense(g.kh, g.kw, w, static_cast<std::ptrdiff_t>(g.c * g.o));
     ImplicitGemmAnyWidth(in, width, g.c, g.stride_h, g.stride_w, g.oh, g.ow, taps, g.o, yn);
     epilogue(n * image, (n + 1) * image, scratch + layout.total, yn);
   });
 }
 
-/// Op::Conv2dGradInput, channels-last (stride 1): dx[n] is the convolution of dy[n], padded
-/// by kernel - 1 - padding, with the flipped kernel, read from the [KH, KW, O, C] weight.
+/// One phase (ph, pw) of a strided channels-last input gradient for one image: the dx pixels
+/// at rows q * stride_h + ph - pad_h and columns r * stride_w + pw - pad_w, each the sum over
+/// kernel taps (ph + a stride_h, pw + b stride_w) of dy(q - a, r - b) times the tap's [O, C]
+/// block. That is a stride-1 implicit GEMM over `padded` (dy with the halo conv_halo gives it)
+/// with the taps walked backwards; its result goes to `phase_out`, then to its pixels of dxn.
+inline void ConvGradInputPhase(const ConvGeometry& g, const ConvHalo& halo, const float* padded,
+                               const float* w, std::size_t ph, std::size_t pw, float* phase_out,
+                               float* dxn) {
+  const ConvPhase rows = conv_phase(ph, g.h, g.kh, g.stride_h, g.pad_h);
+  const ConvPhase columns = conv_phase(pw, g.w, g.kw, g.stride_w, g.pad_w);
+  if (rows.count() == 0 || columns.count() == 0) return;
+  const std::size_t block = g.o * g.c;
+  // Tap (a, b) of the walk is kernel tap (ph + (T_h - 1 - a) stride_h, pw + (T_w - 1 - b)
+  // stride_w): dy rows from q - (T_h - 1) up to q, read forwards.
+  TapWalk taps{rows.taps,
+               columns.taps,
+               0,
+               0,
+               w,
+               -static_cast<std::ptrdiff_t>(g.stride_h * g.kw * block),
+               -static_cast<std::ptrdiff_t>(g.stride_w * block)};
+  if (rows.taps > 0 && columns.taps > 0)
+    taps.b +=
+        ((ph + (rows.taps - 1) * g.stride_h) * g.kw + pw + (columns.taps - 1) * g.stride_w) * block;
+  // The halo puts dy row q - (T_h - 1) of the first pixel at padded row top + first - T_h + 1,
+  // never above the top: phase 0 has the most taps.
+  const std::size_t top = halo.top + rows.first + 1 - std::max<std::size_t>(rows.taps, 1);
+  const std::size_t left = halo.left + columns.first + 1 - std::max<std::size_t>(columns.taps, 1);
+  ImplicitGemmAnyWidth(padded + (top * halo.width + left) * g.o, halo.width, g.o, 1, 1,
+                       rows.count(), columns.count(), taps, g.c, phase_out);
+  for (std::size_t q = 0; q < rows.count(); ++q) {
+    const std::size_t ih = (rows.first + q) * g.stride_h + ph - g.pad_h;
+    for (std::size_t r = 0; r < columns.count(); ++r) {
+      const std::size_t iw = (columns.first + r) * g.stride_w + pw - g.pad_w;
+      CopyFloats(dxn + (ih * g.w + iw) * g.c, phase_out + (q * columns.count() + r) * g.c, g.c);
+    }
+  }
+}
+
+/// Op::Conv2dGradInput, channels-last. At stride 1, dx[n] is the convolution of dy[n], padded
+/// by kernel - 1 - padding, with the flipped kernel, read from the [KH, KW, O, C] weight. At
+/// larger strides each dx pixel's taps depend on its position modulo the stride, so dx is
+/// computed as stride_h x stride_w phases (ConvGradInputPhase), each a stride-1 implicit GEMM
+/// that multiplies only the taps that meet dy.
 inline void Conv2dGradInputChannelsLastKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(Op::Conv2dGradInput, args);
   const ConvLayout layout = conv_layout(Op::Conv2dGradInput, g, ConvAlgorithm::channels_last);
   const ConvHalo halo = conv_halo(Op::Conv2dGradInput, g);
+  const bool phases = g.stride_h > 1 || g.stride_w > 1;
   const float* dy = args.in[0].f32();
   const float* w = args.in[1].f32();
   float* dx = args.out.f32();
@@ -208,11 +257,19 @@ inline void Conv2dGradInputChannelsLastKernel(const KernelArgs& args) {
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
     float* dxn = epilogue.result_target(dx + n * image, scratch + staging);
-    const auto [in, width] = HaloedImage(dy + n * g.pixels() * g.o, g.oh, g.ow, halo, scratch);
-    // Tap (i, j) of the flipped kernel is tap (KH - 1 - i, KW - 1 - j) of the weight.
-    const TapWalk taps{
-        g.kh, g.kw, 0, 0, w + (g.kh * g.kw - 1) * block, -static_cast<std::ptrdiff_t>(block)};
-    ImplicitGemmAnyWidth(in, width, g.o, 1, 1, g.h, g.w, taps, g.c, dxn);
+    const float* dyn = dy + n * g.pixels() * g.o;
+    if (phases) {
+      PadImage(dyn, g.oh, g.ow, halo, scratch + layout.col);
+      for (std::size_t ph = 0; ph < g.stride_h; ++ph)
+        for (std::size_t pw = 0; pw < g.stride_w; ++pw)
+          ConvGradInputPhase(g, halo, scratch + layout.col, w, ph, pw, scratch + layout.rows, dxn);
+    } else {
+      const auto [in, width] = HaloedImage(dyn, g.oh, g.ow, halo, scratch);
+      // Tap (i, j) of the flipped kernel is tap (KH - 1 - i, KW - 1 - j) of the weight.
+      const TapWalk taps = TapWalk::Dense(g.kh, g.kw, w + (g.kh * g.kw - 1) * block,
+                                          -static_cast<std::ptrdiff_t>(block));
+      ImplicitGemmAnyWidth(in, width, g.o, 1, 1, g.h, g.w, taps, g.c, dxn);
+    }
     epilogue(n * image, (n + 1) * image, scratch + layout.total, dxn);
   });
 }

@@ -23,14 +23,13 @@ inline std::int64_t tiled_channels(Op op, const ConvGeometry& g) {
 
 /// Whether the variant of `algorithm` runs this convolution call. The three exclude each
 /// other: channels-last activations need the channels-last kernels, which need whole vectors
-/// of channels (and, for the input gradient, a stride-1 convolution of the padded gradient);
-/// NCHW convolutions read shifted rows where conv_reads_shifted_rows says so, else columns.
+/// of channels (and, for the input gradient, padding narrower than the kernel); NCHW
+/// convolutions read shifted rows where conv_reads_shifted_rows says so, else columns.
 template <Op op, ConvAlgorithm algorithm> bool conv_accepts(const KernelQuery& q) {
   const ConvGeometry g = conv_geometry(op, q);
   if (algorithm == ConvAlgorithm::channels_last) {
     if (!g.channels_last || tiled_channels(op, g) % channels_last_multiple != 0) return false;
-    return op != Op::Conv2dGradInput ||
-           (g.stride_h == 1 && g.stride_w == 1 && g.pad_h < g.kh && g.pad_w < g.kw);
+    return op != Op::Conv2dGradInput || (g.pad_h < g.kh && g.pad_w < g.kw);
   }
   if (g.channels_last) return false;
   return conv_reads_shifted_rows(op, g) == (algorithm == ConvAlgorithm::shifted_rows);
@@ -47,7 +46,8 @@ template <Op op, ConvAlgorithm algorithm> std::size_t conv_workspace(const Kerne
 
 /// Whether the channels-last variant of `op` that multiplies in bfloat16 runs this call: the
 /// FP32 one's rule, and for the forward and input-gradient kernels an even depth (input
-/// channels; output channels for the input gradient), since they multiply pairs of channels.
+/// channels; output channels for the input gradient), since they multiply pairs of channels;
+/// the input gradient's also a stride of 1 (it has no phases).
 /// The weight gradient pairs neighbouring pixels of the input a vector of channels at a time,
 /// so it takes whole vectors of input channels (with one channel, pairing the pixels cost more
 /// than the faster products saved: the MNIST CNN's first layer ran at half its FP32 speed).
@@ -55,7 +55,7 @@ template <Op op> bool conv_bf16_accepts(const KernelQuery& q) {
   if (!conv_accepts<op, ConvAlgorithm::channels_last>(q)) return false;
   const ConvGeometry g = conv_geometry(op, q);
   if (op == Op::Conv2d) return g.c % 2 == 0;
-  if (op == Op::Conv2dGradInput) return g.o % 2 == 0;
+  if (op == Op::Conv2dGradInput) return g.o % 2 == 0 && g.stride_h == 1 && g.stride_w == 1;
   return g.c % channels_last_multiple == 0;
 }
 

@@ -196,9 +196,31 @@ struct ConvLayout {
   std::size_t col = 0, pack_a = 0, pack_b = 0, rows = 0, partial = 0, offsets = 0, total = 0;
 };
 
+/// The rows (or columns) of dx that one phase of a strided input gradient computes: those at
+/// q * stride + phase - pad for q in [first, end), each summing `taps` kernel rows
+/// phase, phase + stride, ... against dy rows q, q - 1, ... (see ConvGradInputPhase).
+struct ConvPhase {
+  std::size_t first = 0, end = 0, taps = 0;
+  [[nodiscard]] std::size_t count() const { return end - first; }
+};
+
+/// Phase `phase` (< stride) of an input gradient along one axis of dx (`size` long) for a
+/// kernel of `kernel` taps: dx index i takes tap t exactly when (i + pad - t) is a multiple of
+/// the stride, so the indices with (i + pad) % stride == phase share the taps phase + k stride.
+inline ConvPhase conv_phase(std::size_t phase, std::size_t size, std::size_t kernel,
+                            std::size_t stride, std::size_t pad) {
+  ConvPhase p;
+  p.taps = kernel > phase ? (kernel - phase + stride - 1) / stride : 0;
+  p.first = pad > phase ? (pad - phase + stride - 1) / stride : 0;
+  p.end = size + pad > phase ? (size - 1 + pad - phase) / stride + 1 : 0;
+  p.end = std::max(p.end, p.first);
+  return p;
+}
+
 /// The zero border a channels-last kernel puts around the image it reads: the convolution's
-/// padding around x, or kernel - 1 - padding around dy for the input gradient, which is a
-/// stride-1 convolution of dy with the flipped kernel.
+/// padding around x; for the input gradient, kernel - 1 - padding around dy at stride 1 (a
+/// stride-1 convolution of dy with the flipped kernel), and at larger strides what the phases
+/// read: up to ceil(kernel / stride) - 1 rows before dy and past it to the last phase's end.
 struct ConvHalo {
   std::size_t top = 0, left = 0, height = 0, width = 0, channels = 0; // height/width padded
   [[nodiscard]] bool any() const { return top > 0 || left > 0; }
@@ -206,9 +228,17 @@ struct ConvHalo {
 };
 
 inline ConvHalo conv_halo(Op op, const ConvGeometry& g) {
-  if (op == Op::Conv2dGradInput) {
+  if (op == Op::Conv2dGradInput && g.stride_h == 1 && g.stride_w == 1) {
     const std::size_t top = g.kh - 1 - g.pad_h, left = g.kw - 1 - g.pad_w;
     return {top, left, g.oh + 2 * top, g.ow + 2 * left, g.o};
+  }
+  if (op == Op::Conv2dGradInput) {
+    // Phase 0 has the most taps and reaches furthest.
+    const ConvPhase rows = conv_phase(0, g.h, g.kh, g.stride_h, g.pad_h);
+    const ConvPhase columns = conv_phase(0, g.w, g.kw, g.stride_w, g.pad_w);
+    const std::size_t top = rows.taps > 0 ? rows.taps - 1 : 0;
+    const std::size_t left = columns.taps > 0 ? columns.taps - 1 : 0;
+    return {top, left, top + std::max(g.oh, rows.end), left + std::max(g.ow, columns.end), g.o};
   }
   return {g.pad_h, g.pad_w, g.h + 2 * g.pad_h, g.w + 2 * g.pad_w, g.c};
 }
@@ -229,8 +259,13 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g, ConvAlgorithm algori
   if (algorithm == ConvAlgorithm::channels_last) {
     // The zero-padded image the implicit GEMM reads (none without a halo); grad-weight also
     // keeps this thread's partial dW in [KH, KW, C, O] order.
+    // A strided input gradient also keeps one phase's result before it is spread over dx.
     const ConvHalo halo = conv_halo(op, g);
-    l.col = take(halo.any() ? halo.floats() : 0);
+    const bool phases = op == Op::Conv2dGradInput && (g.stride_h > 1 || g.stride_w > 1);
+    l.col = take(halo.any() || phases ? halo.floats() : 0);
+    if (phases)
+      l.rows =
+          take(((g.h + g.stride_h - 1) / g.stride_h) * ((g.w + g.stride_w - 1) / g.stride_w) * g.c);
     if (op == Op::Conv2dGradWeight) l.partial = take(g.o * ckk);
     l.total = at;
     return l;
