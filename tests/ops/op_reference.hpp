@@ -108,6 +108,13 @@ inline std::vector<float> fused(const RefCall& c) {
   return out;
 }
 
+/// A summed chain: the chain's result over its shape, summed as sum_to sums it.
+inline std::vector<float> fused_sum_to(const RefCall& c) {
+  const FusedSumAttrs& a = std::get<FusedSumAttrs>(c.attrs);
+  const Attrs chain = a.chain;
+  return ref::sum_to(fused(RefCall{c.in, c.shape, a.chain.shape, chain}), a.chain.shape, c.out);
+}
+
 inline std::vector<float> fill(const RefCall& c) {
   return std::vector<float>(static_cast<std::size_t>(c.out.numel()),
                             std::get<FillAttrs>(c.attrs).value);
@@ -221,6 +228,7 @@ inline ReferenceFn reference_of(Op op) {
 #undef KILN_TEST_ELEMENTWISE_REFERENCE
     const auto set = [&t](Op o, ReferenceFn f) { t[op_index(o)] = f; };
     set(Op::FusedElementwise, &ref::fused);
+    set(Op::FusedSumTo, &ref::fused_sum_to);
     set(Op::Fill, &ref::fill);
     set(Op::DropoutMask, &ref::dropout_mask);
     set(Op::Assign, &ref::assign);

@@ -119,6 +119,33 @@ inline void add_fused(std::vector<OpRow>& out) {
                  lerp});
 }
 
+/// Chains summed as they are computed, in every form the CPU kernel sums: a batchnorm's
+/// variance and its gradient's product over NHWC (columns), a product over NCHW (runs of a
+/// plane), a sum of everything, a bias gradient's narrow columns, columns over several blocks,
+/// interleaved kept axes, one long run, and nothing reduced.
+inline void add_fused_sums(std::vector<OpRow>& out) {
+  using F = FusedInstruction;
+  const auto row = [&](std::vector<Operand> operands, std::vector<FusedInstruction> program,
+                       Shape over, Shape to, double tolerance = 1e-5) {
+    out.push_back({Op::FusedSumTo, std::move(operands),
+                   FusedSumAttrs{FusedAttrs{std::move(program), over, {}}, std::move(to)},
+                   tolerance});
+  };
+  const std::vector<FusedInstruction> centred_square{F{Op::Sub, -1, -2}, F{Op::Square, 0, 0}};
+  row({in({8, 14, 14, 16}), in({1, 1, 1, 16})}, centred_square, {8, 14, 14, 16}, {1, 1, 1, 16});
+  row({in({16, 7, 9, 32}), in({16, 7, 9, 32})}, {F{Op::Mul, -1, -2}}, {16, 7, 9, 32},
+      {1, 1, 1, 32});
+  row({in({4, 8, 9, 11}), in({1, 8, 1, 1})}, {F{Op::Mul, -1, -2}, F{Op::Neg, 0, 0}}, {4, 8, 9, 11},
+      {1, 8, 1, 1});
+  row({in({7, 1000}), in({7, 1000})}, {F{Op::ReluGrad, -1, -2}}, {7, 1000}, {1, 1});
+  row({in({64, 10})}, {F{Op::MulScalar, -1, -1, 0.25f}}, {64, 10}, {1, 10});
+  row({in({300, 7, 33}), in({33}, uniform(0, 1))}, {F{Op::Mul, -1, -2}, F{Op::Exp, 0, 0}},
+      {300, 7, 33}, {1, 1, 33}, 1e-4);
+  row({in({2, 3, 4, 5, 6, 7})}, {F{Op::Square, -1, -1}}, {2, 3, 4, 5, 6, 7}, {2, 1, 4, 1, 6, 1});
+  row({in({100003}), in({1})}, centred_square, {100003}, {1}, 1e-4);
+  row({in({5, 37}), in({5, 1})}, {F{Op::Add, -1, -2}}, {5, 37}, {5, 37});
+}
+
 /// Sources, updates and views.
 inline void add_state_and_views(std::vector<OpRow>& out) {
   out.push_back({Op::Fill, {}, FillAttrs{2.5f, {37}}, 0.0});
@@ -450,6 +477,7 @@ inline const std::vector<OpRow>& op_rows() {
     std::vector<OpRow> out;
     rows::add_elementwise(out);
     rows::add_fused(out);
+    rows::add_fused_sums(out);
     rows::add_state_and_views(out);
     rows::add_collectives(out);
     rows::add_sum_to(out);

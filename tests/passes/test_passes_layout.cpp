@@ -11,13 +11,7 @@
 
 namespace {
 
-/// A pass context for the CPU, whose channels-last kernels the layout pass asks about.
-kiln::PassContext cpu_context() {
-  kiln::PassContext ctx;
-  ctx.target = kiln::cpu_backend().target();
-  return ctx;
-}
-
+using kiln::test::cpu_context;
 using kiln::test::random_tensor;
 using kiln::test::with_and_without;
 

@@ -49,6 +49,13 @@ inline std::shared_ptr<Tensor> random_tensor(const Shape& shape, std::uint64_t s
 }
 
 /// n input values uniform in [-1, 1), seeded.
+/// A pass context for the CPU, whose kernels the layout and reduction passes ask about.
+inline PassContext cpu_context() {
+  PassContext ctx;
+  ctx.target = cpu_backend().target();
+  return ctx;
+}
+
 inline std::vector<float> random_inputs(std::int64_t n, std::uint64_t seed) {
   std::vector<float> v(static_cast<std::size_t>(n));
   Rng rng(seed);

@@ -199,10 +199,18 @@ struct FusedAttrs {
   friend bool operator==(const FusedAttrs&, const FusedAttrs&) = default;
 };
 
+/// A chain of elementwise ops whose result is not stored but summed down to `to` (same rank
+/// as chain.shape, each extent kept or 1, as sum_to's target). The chain has no stores.
+struct FusedSumAttrs {
+  FusedAttrs chain;
+  Shape to;
+  friend bool operator==(const FusedSumAttrs&, const FusedSumAttrs&) = default;
+};
+
 /// Every attribute kind; a node holds exactly one.
 using Attrs = std::variant<NoAttrs, InputAttrs, ParamAttrs, ScalarAttrs, ShapeAttrs, PartAttrs,
                            FillAttrs, MatMulAttrs, Conv2dAttrs, Pool2dAttrs, DropoutAttrs,
-                           FusedAttrs, TransposeAttrs, CollectiveAttrs>;
+                           FusedAttrs, FusedSumAttrs, TransposeAttrs, CollectiveAttrs>;
 
 /// The epilogue of an anchor node's attributes, or nullptr for ops that have none.
 inline const Epilogue* epilogue_of(const Attrs& attrs) {

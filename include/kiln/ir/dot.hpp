@@ -45,12 +45,13 @@ std::string program_cluster(const Graph& g, ValueId id, const std::string& title
   return s;
 }
 
-/// A fused elementwise node: its steps read the node's inputs.
+/// A fused node (a fused elementwise chain, or one summed down): its steps read the node's
+/// inputs.
 inline std::string fused_cluster(const Graph& g, ValueId id, const FusedAttrs& fused) {
   const Node& n = g.node(id);
-  return program_cluster(g, id, "fused_elementwise", fused.program, fused.stores, [&](int k) {
-    return "n" + std::to_string(n.inputs[static_cast<std::size_t>(k)]);
-  });
+  return program_cluster(
+      g, id, std::string(op_name(n.op)), fused.program, fused.stores,
+      [&](int k) { return "n" + std::to_string(n.inputs[static_cast<std::size_t>(k)]); });
 }
 
 /// An anchor with an epilogue: the anchor itself (fed by its own two inputs) opens the
@@ -83,6 +84,10 @@ inline std::string to_dot(const Graph& g) {
     const Node& n = g.node(id);
     if (const auto* fused = std::get_if<FusedAttrs>(&n.attrs)) {
       s += detail::fused_cluster(g, id, *fused);
+      continue;
+    }
+    if (const auto* summed = std::get_if<FusedSumAttrs>(&n.attrs)) {
+      s += detail::fused_cluster(g, id, summed->chain);
       continue;
     }
     if (const Epilogue* e = epilogue_of(n.attrs); e && !e->empty()) {

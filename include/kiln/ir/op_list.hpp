@@ -60,7 +60,8 @@ namespace kiln {
   X(AllreduceStart, "allreduce_start")                                                             \
   X(AllreduceWait, "allreduce_wait")                                                               \
   /* made by passes (ops/fused.hpp) */                                                             \
-  X(FusedElementwise, "fused_elementwise")
+  X(FusedElementwise, "fused_elementwise")                                                         \
+  X(FusedSumTo, "fused_sum_to")
 
 /// Every op kiln knows. The enumerator order is the order of KILN_OP_LIST.
 enum class Op : std::uint8_t {

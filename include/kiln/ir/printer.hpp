@@ -82,6 +82,12 @@ inline std::string attr_text(const FusedAttrs& a) {
   return " {" + program_text(a.program, a.stores, [](int k) { return "in" + std::to_string(k); }) +
          "}";
 }
+inline std::string attr_text(const FusedSumAttrs& a) {
+  return " {" +
+         program_text(a.chain.program, a.chain.stores,
+                      [](int k) { return "in" + std::to_string(k); }) +
+         "; over " + a.chain.shape.str() + "}";
+}
 } // namespace detail
 
 /// The type as printed: "f32[64,10]".

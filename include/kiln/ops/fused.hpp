@@ -1,4 +1,5 @@
-// fused_elementwise: a chain of elementwise ops as one node, made by the fusion pass.
+// fused_elementwise and fused_sum_to: a chain of elementwise ops as one node, its result
+// stored, or summed down as sum_to sums; made by the fusion passes.
 #pragma once
 
 #include "kiln/ops/broadcast.hpp"
@@ -28,6 +29,38 @@ template <> struct OpDef<Op::FusedElementwise> : OpDefaults {
     }
     detail::check_program(c, a.program, a.stores, c.arity(), a.shape, [](int k) { return k; });
     return TensorType{a.shape, DType::f32};
+  }
+  static constexpr GradFn grad = nullptr;
+};
+
+/// Inputs: up to max_op_inputs tensors, each broadcasting to attrs.chain.shape. The chain's
+/// result is summed over the axes where attrs.to has extent 1, so it is never stored.
+template <> struct OpDef<Op::FusedSumTo> : OpDefaults {
+  static constexpr int arity = -1; // variadic: 1..max_op_inputs
+  static constexpr FusionKind kind = FusionKind::reduction;
+  /// The chain's steps and the sum's one addition per element.
+  static std::int64_t flops(const CostContext& c) {
+    const auto& a = std::get<FusedSumAttrs>(c.attrs);
+    return static_cast<std::int64_t>(a.chain.program.size() + 1) * a.chain.shape.numel();
+  }
+  static TensorType infer(const InferContext& c) {
+    const auto& a = c.attr<FusedSumAttrs>();
+    if (c.arity() < 1 || c.arity() > max_op_inputs)
+      c.fail(errc::arity, "takes 1 to " + std::to_string(max_op_inputs) + " inputs");
+    for (int i = 0; i < c.arity(); ++i) {
+      c.expect_dtype(i, DType::f32);
+      if (!broadcasts_to(c.in(i).shape, a.chain.shape))
+        c.fail(errc::shape,
+               "input " + std::to_string(i) + " does not broadcast to " + a.chain.shape.str());
+    }
+    if (!a.chain.stores.empty()) c.fail(errc::attr, "a summed chain stores nothing");
+    const Shape& from = a.chain.shape;
+    bool ok = a.to.rank() == from.rank();
+    for (int i = 0; ok && i < from.rank(); ++i) ok = a.to[i] == from[i] || a.to[i] == 1;
+    if (!ok) c.fail(errc::shape, "cannot sum " + from.str() + " to " + a.to.str());
+    detail::check_program(c, a.chain.program, a.chain.stores, c.arity(), from,
+                          [](int k) { return k; });
+    return TensorType{a.to, DType::f32};
   }
   static constexpr GradFn grad = nullptr;
 };

@@ -167,6 +167,9 @@ struct OpDefaults {
   static constexpr bool overwrites_any_input = false;
   /// Swapping its two inputs does not change its value.
   static constexpr bool commutative = false;
+  /// A sum of its one input down to the ShapeAttrs' shape that can instead compute the
+  /// elementwise chain producing that input and sum it as it goes (fuse_reductions).
+  static constexpr bool fusable_sum = false;
   static constexpr LayoutRule layout = LayoutRule::nchw;
   static constexpr SchedulePriority schedule = SchedulePriority::by_memory;
   static constexpr ChannelsLastForm channels_last_form{};

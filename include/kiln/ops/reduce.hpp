@@ -12,6 +12,7 @@ template <> struct OpDef<Op::SumTo> : OpDefaults {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::reduction;
   static constexpr LayoutRule layout = LayoutRule::reduction;
+  static constexpr bool fusable_sum = true;
   /// The target shape, permuted to NHWC.
   static Attrs channels_last_attrs(const Attrs& attrs) {
     return ShapeAttrs{permuted(std::get<ShapeAttrs>(attrs).shape, nchw_to_nhwc)};

@@ -28,6 +28,7 @@ struct OpInfo {
   bool is_elementwise = false;
   bool overwrites_any_input = false;
   bool commutative = false;
+  bool fusable_sum = false;
   LayoutRule layout = LayoutRule::nchw;
   SchedulePriority schedule = SchedulePriority::by_memory;
   ChannelsLastForm channels_last_form{};
@@ -62,6 +63,7 @@ template <Op op> constexpr OpInfo make_op_info() {
   info.is_elementwise = D::is_elementwise;
   info.overwrites_any_input = D::overwrites_any_input;
   info.commutative = D::commutative;
+  info.fusable_sum = D::fusable_sum;
   info.layout = D::layout;
   info.schedule = D::schedule;
   info.channels_last_form = D::channels_last_form;

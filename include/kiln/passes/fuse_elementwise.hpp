@@ -49,8 +49,7 @@ inline std::vector<ValueId> external_inputs(const Graph& g, const FusionGroup& g
 inline PassResult fuse_elementwise(Graph& g, PassContext& ctx) {
   const auto n = static_cast<std::size_t>(g.size());
   const auto users = consumers(g);
-  std::vector<bool> is_output(n, false);
-  for (ValueId o : g.outputs()) is_output[static_cast<std::size_t>(o)] = true;
+  const std::vector<bool> is_output = graph_outputs(g);
   std::vector<int> group_of(n, -1);
   std::vector<detail::FusionGroup> groups;
 

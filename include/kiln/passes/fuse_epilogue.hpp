@@ -54,8 +54,7 @@ inline bool consumer_program(const Node& n, ConsumerProgram& out) {
 inline PassResult fuse_epilogue(Graph& g, PassContext& ctx) {
   const auto n = static_cast<std::size_t>(g.size());
   const auto users = consumers(g);
-  std::vector<bool> is_output(n, false);
-  for (ValueId o : g.outputs()) is_output[static_cast<std::size_t>(o)] = true;
+  const std::vector<bool> is_output = graph_outputs(g);
   std::vector<bool> keep(n, true);
   PassResult result;
 

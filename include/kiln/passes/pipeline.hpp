@@ -13,6 +13,7 @@
 #include "kiln/passes/fuse_elementwise.hpp"
 #include "kiln/passes/fuse_epilogue.hpp"
 #include "kiln/passes/fuse_loss.hpp"
+#include "kiln/passes/fuse_reductions.hpp"
 #include "kiln/passes/move_masks_through_pools.hpp"
 #include "kiln/passes/pass.hpp"
 #include "kiln/passes/schedule_for_memory.hpp"
@@ -24,7 +25,8 @@ namespace kiln {
 /// grown around a value nobody needs (the pool gradient a moved mask no longer reads among
 /// them). Layouts are chosen before fusion, so that fused kernels run in the layout their
 /// anchors read and write. Elementwise chains fuse before epilogues, so that a
-/// whole chain (bias, relu; or an optimizer update) becomes one anchor's epilogue. The
+/// whole chain (bias, relu; or an optimizer update) becomes one anchor's epilogue; sums then
+/// take in the chains left over that only they read. The
 /// schedule orders the kernels that fusion left, and in-place reuse, which decides by that
 /// order, comes last.
 inline constexpr std::array default_pipeline = {
@@ -37,6 +39,7 @@ inline constexpr std::array default_pipeline = {
     Pass{"fuse_elementwise", &fuse_elementwise},
     Pass{"fuse_epilogue", &fuse_epilogue},
     Pass{"fuse_loss", &fuse_loss},
+    Pass{"fuse_reductions", &fuse_reductions},
     Pass{"schedule", &schedule_for_memory},
     Pass{"inplace", &compute_in_place},
 };

@@ -36,13 +36,14 @@ enum class FusionReason : std::uint8_t {
   state_hazard,         ///< moving the anchor to its consumer would read an updated param
   read_too_early,       ///< the producer's value is read before the consumer runs
   measured_apart,       ///< the tuner measured the two kernels apart faster than fused
+  no_kernel,            ///< the target has no kernel for the fused node
 };
 
 constexpr std::string_view fusion_reason_name(FusionReason r) {
   constexpr std::string_view names[] = {
       "fused",          "several_consumers", "graph_output",   "would_duplicate_work",
       "not_fusable",    "too_many_inputs",   "consumer_taken", "state_hazard",
-      "read_too_early", "measured_apart"};
+      "read_too_early", "measured_apart",    "no_kernel"};
   return names[static_cast<std::size_t>(r)];
 }
 

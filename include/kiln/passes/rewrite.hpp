@@ -8,6 +8,13 @@
 
 namespace kiln {
 
+/// For every value, whether the graph returns it (the user reads it after the run).
+inline std::vector<bool> graph_outputs(const Graph& g) {
+  std::vector<bool> is_output(static_cast<std::size_t>(g.size()), false);
+  for (ValueId o : g.outputs()) is_output[static_cast<std::size_t>(o)] = true;
+  return is_output;
+}
+
 /// For every value, the nodes that read it (in graph order, a node once per use).
 inline std::vector<std::vector<ValueId>> consumers(const Graph& g) {
   std::vector<std::vector<ValueId>> users(static_cast<std::size_t>(g.size()));

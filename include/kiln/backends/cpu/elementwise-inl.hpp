@@ -61,7 +61,8 @@ template <class D> struct HwyMath {
 // inline the policy's vector operations into it and would leave calls (one per vector) in the
 // loop; flattening inlines them into this function, which has the target's attributes.
 template <Op op, bool kVecA, bool kVecB>
-__attribute__((flatten)) void ElementwiseRow(const float* a, const float* b, float* out, std::int64_t n, float scalar) {
+__attribute__((flatten)) void ElementwiseRow(const float* a, const float* b, float* out,
+                                             std::int64_t n, float scalar) {
   using Def = OpDef<op>;
   const hn::ScalableTag<float> d;
   const HwyMath<decltype(d)> m{d};
@@ -191,16 +192,17 @@ struct BoundProgram {
   float* out = nullptr;
 
   /// Runs every step over elements [first, first + n) of row r (n <= fused_chunk), the
-  /// intermediate results in `temps` ((steps - 1) chunks), the last step into out. With
-  /// `staged`, operand 0 (an anchor's result, the output's shape) is read from there instead:
-  /// staged[i - staged_begin] holds flat element i.
+  /// intermediate results in `temps` ((steps - 1) chunks), the last step into out, or into
+  /// `result` when given. With `staged`, operand 0 (an anchor's result, the output's shape) is
+  /// read from there instead: staged[i - staged_begin] holds flat element i.
   void RunPiece(std::int64_t r, std::int64_t first, std::int64_t n, float* temps,
-                const float* staged = nullptr, std::int64_t staged_begin = 0) const {
+                const float* staged = nullptr, std::int64_t staged_begin = 0,
+                float* result = nullptr) const {
     const auto& rows = RowTable();
     const auto steps = static_cast<std::int64_t>(program->size());
     std::int64_t offsets[max_op_inputs];
     loop.row_offsets(r, offsets);
-    float* row_out = out + r * loop.inner + first;
+    float* row_out = result ? result : out + r * loop.inner + first;
     const auto operand = [&](int v, std::size_t& contiguous) -> const float* {
       if (v >= 0) {
         contiguous = 1;
@@ -235,6 +237,17 @@ struct BoundProgram {
       const std::int64_t r = at / loop.inner, first = at % loop.inner;
       const std::int64_t n = std::min({fused_chunk, loop.inner - first, end - at});
       RunPiece(r, first, n, temps, staged, begin);
+      at += n;
+    }
+  }
+
+  /// Runs the program over the flat elements [begin, end) into result[0, end - begin) instead
+  /// of the output, on the calling thread (a program that stores nothing).
+  void RunRangeInto(std::int64_t begin, std::int64_t end, float* temps, float* result) const {
+    for (std::int64_t at = begin; at < end;) {
+      const std::int64_t r = at / loop.inner, first = at % loop.inner;
+      const std::int64_t n = std::min({fused_chunk, loop.inner - first, end - at});
+      RunPiece(r, first, n, temps, nullptr, 0, result + (at - begin));
       at += n;
     }
   }

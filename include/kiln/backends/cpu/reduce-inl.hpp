@@ -1,4 +1,5 @@
-// Per-target reduce kernels; re-included once per Highway target by implementation.hpp.
+// Per-target reduce kernels: sum_to, and fused_sum_to, which sums an elementwise chain's result
+// as it computes it; re-included once per Highway target by implementation.hpp.
 #if defined(KILN_CPU_REDUCE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KILN_CPU_REDUCE_INL_H_
 #undef KILN_CPU_REDUCE_INL_H_
@@ -16,7 +17,10 @@
 
 #include <hwy/highway.h>
 
+#include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/variants.hpp"
+#include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::HWY_NAMESPACE {
@@ -264,7 +268,175 @@ inline void SumAll(const float* x, float* y, std::int64_t n) {
   *y = static_cast<float>(sum);
 }
 
+/// A fused_sum_to's chain bound to its call, with where each worker evaluates it: `temps` for
+/// the chain's intermediate steps, `values` for one chunk of its result.
+struct SummedChain {
+  BoundProgram bound;
+  PeriodicRows periodic;
+  const KernelArgs* args = nullptr;
+
+  explicit SummedChain(const KernelArgs& a)
+      : bound{nullptr, nullptr, {}, BroadcastLoop(Shape{}, {}), nullptr}, args(&a) {
+    const FusedSumAttrs& fused = *std::get_if<FusedSumAttrs>(a.attrs);
+    std::array<Shape, max_op_inputs> shapes{};
+    for (int k = 0; k < a.num_inputs; ++k) {
+      shapes[static_cast<std::size_t>(k)] = a.in[static_cast<std::size_t>(k)].shape;
+      bound.base[static_cast<std::size_t>(k)] = a.in[static_cast<std::size_t>(k)].f32();
+    }
+    bound.program = &fused.chain.program;
+    bound.stores = &fused.chain.stores;
+    bound.loop = BroadcastLoop(
+        fused.chain.shape,
+        std::span<const Shape>(shapes.data(), static_cast<std::size_t>(a.num_inputs)));
+    periodic.Widen(bound.loop, bound.base.data(), a.num_inputs, 0);
+  }
+  // bound's operands may point into periodic: a copy would point into the original.
+  SummedChain(const SummedChain&) = delete;
+  SummedChain& operator=(const SummedChain&) = delete;
+
+  /// The chain's result for flat elements [begin, end) (at most fused_chunk of them), in this
+  /// worker's scratch.
+  [[nodiscard]] const float* Values(std::int64_t begin, std::int64_t end) const {
+    float* scratch = ThreadScratch(*args);
+    float* values = scratch + fused_sum_values_offset(bound.program->size());
+    bound.RunRangeInto(begin, end, scratch, values);
+    return values;
+  }
+};
+
+/// out[0, width) = the sum of n rows of `width` contiguous floats. Narrow rows are summed k at
+/// a time as one row k times as wide, so that a row of one vector still adds into four
+/// independent accumulators rather than one chain of dependent additions.
+inline void SumRows(const float* HWY_RESTRICT rows, std::int64_t n, std::int64_t width,
+                    float* HWY_RESTRICT out) {
+  const hn::ScalableTag<float> d;
+  const hn::CappedTag<float, 1> d1;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t k =
+      std::clamp<std::int64_t>(std::min<std::int64_t>(4 * N, fused_sum_max_columns) / width, 1,
+                               std::max<std::int64_t>(n, 1));
+  const std::int64_t wide = k * width, grouped = n / k;
+  float sums[fused_sum_max_columns];
+  const Axis along[3] = {{1, 0}, {1, 0}, {grouped, wide}};
+  std::int64_t c = 0;
+  for (; c + 4 * N <= wide; c += 4 * N) SumColumns4(d, rows + c, sums + c, along);
+  for (; c + N <= wide; c += N) SumColumns1(d, rows + c, sums + c, along);
+  for (; c < wide; ++c) SumColumns1(d1, rows + c, sums + c, along);
+  for (c = 0; c < width; ++c) {
+    float sum = sums[c];
+    for (std::int64_t j = 1; j < k; ++j) sum += sums[j * width + c];
+    for (std::int64_t r = grouped * k; r < n; ++r) sum += rows[r * width + c];
+    out[c] = sum;
+  }
+}
+
+/// Innermost run kept and nothing else (per-channel sums of NHWC, bias gradients): rows of K
+/// columns, cut into a fixed number of blocks by the shape alone, each summed piece by piece
+/// (a piece's rows first, then into the block's total) and the blocks added in order, so the
+/// result does not depend on the thread count.
+inline void FusedSumColumns(const SummedChain& chain, float* y, std::int64_t width,
+                            std::int64_t rows) {
+  constexpr std::int64_t max_blocks = 8;
+  const std::int64_t blocks =
+      std::clamp<std::int64_t>(rows * width / kMinTaskElements, 1, max_blocks);
+  const std::int64_t piece_rows = std::max<std::int64_t>(1, fused_chunk / width);
+  float total[max_blocks][fused_sum_max_columns];
+  tbb::parallel_for(std::int64_t{0}, blocks, [&](std::int64_t b) HWY_ATTR {
+    float piece[fused_sum_max_columns];
+    std::fill_n(total[b], width, 0.0f);
+    const std::int64_t first = rows * b / blocks, last = rows * (b + 1) / blocks;
+    for (std::int64_t r = first; r < last; r += piece_rows) {
+      const std::int64_t n = std::min(piece_rows, last - r);
+      SumRows(chain.Values(r * width, (r + n) * width), n, width, piece);
+      for (std::int64_t c = 0; c < width; ++c) total[b][c] += piece[c];
+    }
+  });
+  for (std::int64_t c = 0; c < width; ++c) {
+    float sum = 0.0f;
+    for (std::int64_t b = 0; b < blocks; ++b) sum += total[b][c];
+    y[c] = sum;
+  }
+}
+
+/// Innermost run reduced (per-channel sums of NCHW, a sum of everything): each output sums
+/// contiguous runs, chunk by chunk, in double; outputs in parallel, and a single output's
+/// runs cut into fixed blocks added in order.
+inline void FusedSumRuns(const SummedChain& chain, float* y, const SumToProblem& p) {
+  const std::int64_t R = p.inner;
+  const std::int64_t outs = p.kept[0].n * p.kept[1].n * p.kept[2].n;
+  const std::int64_t runs = p.reduced[0].n * p.reduced[1].n * p.reduced[2].n;
+  const auto sum_run = [&](std::int64_t at, std::int64_t end) HWY_ATTR {
+    double sum = 0.0;
+    for (; at < end; at += fused_chunk) {
+      const std::int64_t stop = std::min(end, at + fused_chunk);
+      sum += static_cast<double>(ContiguousSum(chain.Values(at, stop), stop - at));
+    }
+    return sum;
+  };
+  const auto run_start = [&](std::int64_t o, std::int64_t run) {
+    const std::int64_t i2 = run % p.reduced[2].n, i1 = run / p.reduced[2].n % p.reduced[1].n;
+    const std::int64_t i0 = run / (p.reduced[2].n * p.reduced[1].n);
+    return KeptOffset(p.kept, o) + i0 * p.reduced[0].stride + i1 * p.reduced[1].stride +
+           i2 * p.reduced[2].stride;
+  };
+  if (outs == 1) {
+    // One output: blocks of whole chunks of its runs, fixed by the shape.
+    const std::int64_t total = runs * R;
+    *y = static_cast<float>(tbb::parallel_deterministic_reduce(
+        tbb::blocked_range<std::int64_t>(0, total, kMinTaskElements), 0.0,
+        [&](const tbb::blocked_range<std::int64_t>& r, double acc) HWY_ATTR {
+          for (std::int64_t at = r.begin(); at < r.end();) {
+            const std::int64_t run = at / R, end = std::min(r.end(), (run + 1) * R);
+            const std::int64_t start = run_start(0, run) + at % R;
+            acc += sum_run(start, start + (end - at));
+            at = end;
+          }
+          return acc;
+        },
+        [](double a, double b) { return a + b; }));
+    return;
+  }
+  const std::int64_t grain = std::max<std::int64_t>(1, kMinTaskElements / (runs * R));
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, outs, grain),
+                    [&](const tbb::blocked_range<std::int64_t>& r) HWY_ATTR {
+                      for (std::int64_t o = r.begin(); o != r.end(); ++o) {
+                        double sum = 0.0;
+                        for (std::int64_t run = 0; run < runs; ++run) {
+                          const std::int64_t start = run_start(o, run);
+                          sum += sum_run(start, start + R);
+                        }
+                        y[o] = static_cast<float>(sum);
+                      }
+                    });
+}
+
 } // namespace reduce_detail
+
+/// fused_sum_to: the chain's result summed over the axes where the output has extent 1, a
+/// chunk at a time in each worker's scratch, never stored whole. fused_sum_accepts keeps it to
+/// the shapes summed here: a few columns, or runs.
+inline void FusedSumToKernel(const KernelArgs& args) {
+  using namespace reduce_detail;
+  const FusedSumAttrs& fused = *std::get_if<FusedSumAttrs>(args.attrs);
+  float* y = args.out.f32();
+  const std::int64_t n_in = fused.chain.shape.numel();
+  if (n_in == 0) {
+    std::fill(y, y + args.out.numel(), 0.0f);
+    return;
+  }
+  const SummedChain chain(args);
+  const SumToProblem p = Collapse(fused.chain.shape, fused.to);
+  if (!p.any_reduced) {
+    for (std::int64_t at = 0; at < n_in; at += fused_chunk) {
+      const std::int64_t end = std::min(n_in, at + fused_chunk);
+      std::copy_n(chain.Values(at, end), end - at, y + at);
+    }
+  } else if (p.inner_kept) {
+    FusedSumColumns(chain, y, p.inner, n_in / p.inner);
+  } else {
+    FusedSumRuns(chain, y, p);
+  }
+}
 
 /// sum_to: out = x summed over the axes where out has extent 1 and x does not.
 inline void SumToKernel(const KernelArgs& args) {
@@ -292,6 +464,8 @@ inline void SumToKernel(const KernelArgs& args) {
 /// Puts this target's sum_to kernel into the table.
 inline void RegisterReduceKernels(KernelTable& table) {
   table.add(Op::SumTo, {"sum_to", &SumToKernel});
+  table.add(Op::FusedSumTo,
+            {"fused_sum_to", &FusedSumToKernel, &fused_sum_accepts, &fused_sum_workspace});
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

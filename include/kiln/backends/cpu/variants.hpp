@@ -83,6 +83,41 @@ inline std::size_t fused_workspace(const KernelQuery& q) {
   return (program.size() - 1) * static_cast<std::size_t>(fused_chunk) * sizeof(float);
 }
 
+/// The most columns fused_sum_to sums when the innermost axis is kept: each block of rows keeps
+/// one total per column on the stack.
+inline constexpr std::int64_t fused_sum_max_columns = 256;
+
+/// Whether fused_sum_to's kernel sums this call: over runs of the innermost axis, or down to
+/// the innermost axes alone when they hold at most fused_sum_max_columns elements (per-channel
+/// sums of NHWC, bias gradients). Other shapes keep the chain and the sum apart.
+inline bool fused_sum_accepts(const KernelQuery& q) {
+  const auto& a = std::get<FusedSumAttrs>(*q.attrs);
+  const Shape& from = a.chain.shape;
+  const Shape& to = a.to;
+  int i = from.rank() - 1;
+  while (i >= 0 && from[i] == 1) --i;
+  if (i < 0 || to[i] == 1) return true;
+  std::int64_t columns = 1;
+  for (; i >= 0 && (from[i] == 1 || to[i] != 1); --i) columns *= from[i];
+  for (; i >= 0; --i)
+    if (from[i] != 1 && to[i] != 1) return false;
+  return columns <= fused_sum_max_columns;
+}
+
+/// Where in a fused_sum_to worker's scratch one chunk of the chain's result goes: after a chunk
+/// per intermediate step.
+inline std::size_t fused_sum_values_offset(std::size_t steps) {
+  return round_up_floats((steps - 1) * static_cast<std::size_t>(fused_chunk));
+}
+
+/// Scratch bytes per thread of fused_sum_to: the chain's intermediate chunks and one of its
+/// result.
+inline std::size_t fused_sum_workspace(const KernelQuery& q) {
+  const auto& program = std::get<FusedSumAttrs>(*q.attrs).chain.program;
+  return (fused_sum_values_offset(program.size()) + static_cast<std::size_t>(fused_chunk)) *
+         sizeof(float);
+}
+
 /// Scratch bytes per thread of a transpose: one image, for a transpose in place over a
 /// dying input (the batch axis stays first).
 inline std::size_t transpose_workspace(const KernelQuery& q) {

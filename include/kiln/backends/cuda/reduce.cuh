@@ -1,4 +1,5 @@
-// CUDA sum_to: a tensor summed down to a shape it broadcasts from, in a fixed order.
+// CUDA sum_to: a tensor summed down to a shape it broadcasts from, in a fixed order; and
+// fused_sum_to, the same sum over an elementwise chain's result computed as it is read.
 #pragma once
 
 #include <algorithm>
@@ -6,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kiln/backends/cuda/elementwise.cuh"
 #include "kiln/backends/cuda/launch.cuh"
 
 namespace kiln::cuda {
@@ -116,6 +118,21 @@ inline SumToPlan plan_sum(const Shape& from, const Shape& to) {
   return p;
 }
 
+/// The summed tensor's element i, read from memory.
+struct Floats {
+  const float* x;
+  __device__ float operator()(std::int64_t i) const { return x[i]; }
+};
+
+/// The summed tensor's element i, computed by a fused chain from its inputs.
+struct ChainValues {
+  DeviceProgram program;
+  ProgramOperands operands;
+  __device__ float operator()(std::int64_t i) const {
+    return run_program(program, operands, i, false, 0.0f);
+  }
+};
+
 /// Elements [lo, hi) of the summed ones that slice `s` of `slices` adds.
 __device__ inline void slice_bounds(std::int64_t summed, std::int64_t s, std::int64_t slices,
                                     std::int64_t& lo, std::int64_t& hi) {
@@ -126,7 +143,8 @@ __device__ inline void slice_bounds(std::int64_t summed, std::int64_t s, std::in
 /// Innermost axis kept: a block covers `columns` adjacent outputs, its threads' rows running
 /// down the summed elements, so a warp reads whole row pieces; the rows' partial sums are
 /// then added in a fixed tree.
-__global__ void sum_columns(const float* x, float* y, double* partial, SumToPlan p) {
+template <class Source>
+__global__ void sum_columns(Source x, float* y, double* partial, SumToPlan p) {
   __shared__ double sums[threads];
   const int t = static_cast<int>(threadIdx.x);
   const int tx = t % p.columns, ty = t / p.columns;
@@ -145,8 +163,8 @@ __global__ void sum_columns(const float* x, float* y, double* partial, SumToPlan
     slice_bounds(p.summed, s, p.slices, lo, hi);
     double acc = 0.0;
     if (valid) {
-      const float* base = x + p.kept.offset(o);
-      for (std::int64_t r = lo + ty; r < hi; r += lanes) acc += base[p.reduced.offset(r)];
+      const std::int64_t base = p.kept.offset(o);
+      for (std::int64_t r = lo + ty; r < hi; r += lanes) acc += x(base + p.reduced.offset(r));
     }
     sums[t] = acc;
     __syncthreads();
@@ -167,7 +185,7 @@ __global__ void sum_columns(const float* x, float* y, double* partial, SumToPlan
 /// Innermost axis reduced (or everything): a block of p.block threads per output (and slice)
 /// strides along the summed elements, contiguous runs first, and adds its threads' partial
 /// sums in a fixed tree.
-__global__ void sum_runs(const float* x, float* y, double* partial, SumToPlan p) {
+template <class Source> __global__ void sum_runs(Source x, float* y, double* partial, SumToPlan p) {
   __shared__ double sums[threads];
   const int t = static_cast<int>(threadIdx.x);
   const std::int64_t blocks = p.outputs * p.slices;
@@ -175,9 +193,9 @@ __global__ void sum_runs(const float* x, float* y, double* partial, SumToPlan p)
     const std::int64_t s = b / p.outputs, o = b % p.outputs;
     std::int64_t lo = 0, hi = 0;
     slice_bounds(p.summed, s, p.slices, lo, hi);
-    const float* base = x + p.kept.offset(o);
+    const std::int64_t base = p.kept.offset(o);
     double acc = 0.0;
-    for (std::int64_t r = lo + t; r < hi; r += p.block) acc += base[p.reduced.offset(r)];
+    for (std::int64_t r = lo + t; r < hi; r += p.block) acc += x(base + p.reduced.offset(r));
     sums[t] = acc;
     __syncthreads();
     for (int half = p.block / 2; half > 0; half /= 2) {
@@ -212,54 +230,95 @@ __global__ void copy_floats(const float* x, float* y, std::int64_t n) {
 
 } // namespace sum_to_detail
 
-/// Workspace of sum_to: the slices' partial sums, where few outputs each sum many elements.
-inline std::size_t sum_to_workspace(const KernelQuery& q) {
-  const Shape& from = q.in[0].shape;
-  if (from.numel() == 0 || q.out.shape.numel() == 0) return 0;
-  return sum_to_detail::plan_sum(from, pad_rank(q.out.shape, from.rank())).workspace_bytes();
+/// Workspace of a sum from `from` to `to`: the slices' partial sums, where few outputs each sum
+/// many elements.
+inline std::size_t sum_workspace(const Shape& from, const Shape& to) {
+  if (from.numel() == 0 || to.numel() == 0) return 0;
+  return sum_to_detail::plan_sum(from, pad_rank(to, from.rank())).workspace_bytes();
 }
 
-/// sum_to: out = x summed over the axes where out has extent 1 and x does not.
-inline void sum_to_kernel(const KernelArgs& args) {
+/// Sums `source`, a tensor of shape `from`, down to the output's shape.
+template <class Source>
+void sum_down(const char* name, const KernelArgs& args, const Shape& from, const Source& source) {
   using namespace sum_to_detail;
-  const float* x = args.in[0].f32();
   float* y = args.out.f32();
   const std::int64_t n_out = args.out.numel();
   if (n_out == 0) return;
-  const Shape& from = args.in[0].shape;
   if (from.numel() == 0) { // sums over no elements
-    launch("sum_to", fill_zero, blocks_for(n_out), block_threads, 0, y, n_out);
+    launch(name, fill_zero, blocks_for(n_out), block_threads, 0, y, n_out);
     return;
   }
   SumToPlan p = plan_sum(from, pad_rank(args.out.shape, from.rank()));
-  if (!p.any_reduced) {
-    launch("sum_to", copy_floats, blocks_for(n_out), block_threads, 0, x, y, n_out);
-    return;
-  }
   double* partial = nullptr;
   if (p.slices > 1) {
-    // Lowering reserved sum_to_workspace; without it, one slice still sums correctly.
+    // Lowering reserved the workspace; without it, one slice still sums correctly.
     if (args.workspace != nullptr && args.workspace_per_worker >= p.workspace_bytes())
       partial = reinterpret_cast<double*>(args.workspace);
     else
       p.slices = 1;
   }
-  if (p.inner_kept) {
-    const std::int64_t width = p.kept.n[static_cast<std::size_t>(p.kept.rank - 1)];
+  if (!p.any_reduced || p.inner_kept) {
+    // Nothing reduced sums one element per output: a column sum over no rows' worth of slices.
+    const std::int64_t width =
+        p.kept.rank > 0 ? p.kept.n[static_cast<std::size_t>(p.kept.rank - 1)] : 1;
     const std::int64_t blocks =
         p.outputs / width * ((width + p.columns - 1) / p.columns) * p.slices;
-    launch("sum_to", sum_columns, blocks_for(blocks, 1), threads, 0, x, y, partial, p);
+    launch(name, sum_columns<Source>, blocks_for(blocks, 1), threads, 0, source, y, partial, p);
   } else {
-    launch("sum_to", sum_runs, blocks_for(p.outputs * p.slices, 1), p.block, 0, x, y, partial, p);
+    launch(name, sum_runs<Source>, blocks_for(p.outputs * p.slices, 1), p.block, 0, source, y,
+           partial, p);
   }
   if (p.slices > 1)
-    launch("sum_to", sum_slices, blocks_for(p.outputs), block_threads, 0, partial, y, p.outputs,
+    launch(name, sum_slices, blocks_for(p.outputs), block_threads, 0, partial, y, p.outputs,
            p.slices);
 }
 
-/// Puts the sum_to kernel into the table.
+/// Workspace of sum_to: the slices' partial sums, where few outputs each sum many elements.
+inline std::size_t sum_to_workspace(const KernelQuery& q) {
+  return sum_workspace(q.in[0].shape, q.out.shape);
+}
+
+/// sum_to: out = x summed over the axes where out has extent 1 and x does not.
+inline void sum_to_kernel(const KernelArgs& args) {
+  const Shape& from = args.in[0].shape;
+  if (from.numel() > 0 && from.numel() == args.out.numel()) { // nothing reduced
+    launch("sum_to", sum_to_detail::copy_floats, blocks_for(args.out.numel()), block_threads, 0,
+           args.in[0].f32(), args.out.f32(), args.out.numel());
+    return;
+  }
+  sum_down("sum_to", args, from, sum_to_detail::Floats{args.in[0].f32()});
+}
+
+/// Workspace of fused_sum_to: as sum_to's over the chain's shape.
+inline std::size_t fused_sum_to_workspace(const KernelQuery& q) {
+  return sum_workspace(std::get<FusedSumAttrs>(*q.attrs).chain.shape, q.out.shape);
+}
+
+/// fused_sum_to: each summed element is computed by the chain where the sum reads it.
+inline void fused_sum_to_kernel(const KernelArgs& args) {
+  const FusedSumAttrs& fused = std::get<FusedSumAttrs>(*args.attrs);
+  sum_to_detail::ChainValues chain;
+  chain.program = DeviceProgram(fused.chain.program, fused.chain.stores);
+  chain.operands.count = args.num_inputs;
+  Shape shapes[max_op_inputs];
+  for (int k = 0; k < args.num_inputs; ++k) {
+    shapes[k] = args.in[static_cast<std::size_t>(k)].shape;
+    chain.operands.base[k] = args.in[static_cast<std::size_t>(k)].f32();
+  }
+  chain.operands.index = BroadcastIndex<max_op_inputs>(fused.chain.shape, shapes, args.num_inputs);
+  sum_down("fused_sum_to", args, fused.chain.shape, chain);
+}
+
+inline bool fused_sum_to_accepts(const KernelQuery& q) {
+  const FusedSumAttrs& fused = std::get<FusedSumAttrs>(*q.attrs);
+  return program_fits(fused.chain.program, fused.chain.stores);
+}
+
+/// Puts the sum_to and fused_sum_to kernels into the table.
 inline void register_reduce_kernels(KernelTable& table) {
   table.add(Op::SumTo, {"sum_to", &sum_to_kernel, nullptr, &sum_to_workspace});
+  table.add(Op::FusedSumTo,
+            {"fused_sum_to", &fused_sum_to_kernel, &fused_sum_to_accepts, &fused_sum_to_workspace});
 }
 
 } // namespace kiln::cuda
