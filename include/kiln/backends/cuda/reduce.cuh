@@ -224,8 +224,9 @@ __global__ void sum_slices(const double* partial, float* y, std::int64_t outputs
 
 __global__ void fill_zero(float* y, std::int64_t n) { KILN_CUDA_FOR_EACH(i, n) y[i] = 0.0f; }
 
-__global__ void copy_floats(const float* x, float* y, std::int64_t n) {
-  KILN_CUDA_FOR_EACH(i, n) y[i] = x[i];
+/// Nothing summed: output element i is the source's element i.
+template <class Source> __global__ void copy_values(Source x, float* y, std::int64_t n) {
+  KILN_CUDA_FOR_EACH(i, n) y[i] = x(i);
 }
 
 } // namespace sum_to_detail
@@ -249,6 +250,10 @@ void sum_down(const char* name, const KernelArgs& args, const Shape& from, const
     return;
   }
   SumToPlan p = plan_sum(from, pad_rank(args.out.shape, from.rank()));
+  if (!p.any_reduced) {
+    launch(name, copy_values<Source>, blocks_for(n_out), block_threads, 0, source, y, n_out);
+    return;
+  }
   double* partial = nullptr;
   if (p.slices > 1) {
     // Lowering reserved the workspace; without it, one slice still sums correctly.
@@ -257,10 +262,8 @@ void sum_down(const char* name, const KernelArgs& args, const Shape& from, const
     else
       p.slices = 1;
   }
-  if (!p.any_reduced || p.inner_kept) {
-    // Nothing reduced sums one element per output: a column sum over no rows' worth of slices.
-    const std::int64_t width =
-        p.kept.rank > 0 ? p.kept.n[static_cast<std::size_t>(p.kept.rank - 1)] : 1;
+  if (p.inner_kept) {
+    const std::int64_t width = p.kept.n[static_cast<std::size_t>(p.kept.rank - 1)];
     const std::int64_t blocks =
         p.outputs / width * ((width + p.columns - 1) / p.columns) * p.slices;
     launch(name, sum_columns<Source>, blocks_for(blocks, 1), threads, 0, source, y, partial, p);
@@ -280,13 +283,7 @@ inline std::size_t sum_to_workspace(const KernelQuery& q) {
 
 /// sum_to: out = x summed over the axes where out has extent 1 and x does not.
 inline void sum_to_kernel(const KernelArgs& args) {
-  const Shape& from = args.in[0].shape;
-  if (from.numel() > 0 && from.numel() == args.out.numel()) { // nothing reduced
-    launch("sum_to", sum_to_detail::copy_floats, blocks_for(args.out.numel()), block_threads, 0,
-           args.in[0].f32(), args.out.f32(), args.out.numel());
-    return;
-  }
-  sum_down("sum_to", args, from, sum_to_detail::Floats{args.in[0].f32()});
+  sum_down("sum_to", args, args.in[0].shape, sum_to_detail::Floats{args.in[0].f32()});
 }
 
 /// Workspace of fused_sum_to: as sum_to's over the chain's shape.
