@@ -29,6 +29,13 @@ inline bool broadcasts_to(const Shape& from, const Shape& to) {
   return b && *b == to;
 }
 
+/// True when `to` is what sum_to may sum `from` down to: the same rank, each extent kept or 1.
+inline bool sums_down_to(const Shape& from, const Shape& to) {
+  bool ok = to.rank() == from.rank();
+  for (int i = 0; ok && i < from.rank(); ++i) ok = to[i] == from[i] || to[i] == 1;
+  return ok;
+}
+
 /// `s` with leading 1s added up to `rank`.
 inline Shape pad_rank(const Shape& s, int rank) {
   Shape out;

@@ -8,6 +8,21 @@
 
 namespace kiln {
 
+namespace detail {
+/// Checks a fused chain against the node that carries it: 1 to max_op_inputs f32 inputs, each
+/// broadcasting to the chain's shape, and a program over them.
+inline void check_chain(const InferContext& c, const FusedAttrs& a) {
+  if (c.arity() < 1 || c.arity() > max_op_inputs)
+    c.fail(errc::arity, "takes 1 to " + std::to_string(max_op_inputs) + " inputs");
+  for (int i = 0; i < c.arity(); ++i) {
+    c.expect_dtype(i, DType::f32);
+    if (!broadcasts_to(c.in(i).shape, a.shape))
+      c.fail(errc::shape, "input " + std::to_string(i) + " does not broadcast to " + a.shape.str());
+  }
+  check_program(c, a.program, a.stores, c.arity(), a.shape, [](int k) { return k; });
+}
+} // namespace detail
+
 /// Inputs: up to max_op_inputs tensors, each broadcasting to attrs.shape. Its
 /// program may only use elementwise ops (those with OpDef<op>::is_elementwise).
 template <> struct OpDef<Op::FusedElementwise> : OpDefaults {
@@ -19,15 +34,7 @@ template <> struct OpDef<Op::FusedElementwise> : OpDefaults {
   }
   static TensorType infer(const InferContext& c) {
     const auto& a = c.attr<FusedAttrs>();
-    if (c.arity() < 1 || c.arity() > max_op_inputs)
-      c.fail(errc::arity, "takes 1 to " + std::to_string(max_op_inputs) + " inputs");
-    for (int i = 0; i < c.arity(); ++i) {
-      c.expect_dtype(i, DType::f32);
-      if (!broadcasts_to(c.in(i).shape, a.shape))
-        c.fail(errc::shape,
-               "input " + std::to_string(i) + " does not broadcast to " + a.shape.str());
-    }
-    detail::check_program(c, a.program, a.stores, c.arity(), a.shape, [](int k) { return k; });
+    detail::check_chain(c, a);
     return TensorType{a.shape, DType::f32};
   }
   static constexpr GradFn grad = nullptr;
@@ -45,21 +52,10 @@ template <> struct OpDef<Op::FusedSumTo> : OpDefaults {
   }
   static TensorType infer(const InferContext& c) {
     const auto& a = c.attr<FusedSumAttrs>();
-    if (c.arity() < 1 || c.arity() > max_op_inputs)
-      c.fail(errc::arity, "takes 1 to " + std::to_string(max_op_inputs) + " inputs");
-    for (int i = 0; i < c.arity(); ++i) {
-      c.expect_dtype(i, DType::f32);
-      if (!broadcasts_to(c.in(i).shape, a.chain.shape))
-        c.fail(errc::shape,
-               "input " + std::to_string(i) + " does not broadcast to " + a.chain.shape.str());
-    }
     if (!a.chain.stores.empty()) c.fail(errc::attr, "a summed chain stores nothing");
-    const Shape& from = a.chain.shape;
-    bool ok = a.to.rank() == from.rank();
-    for (int i = 0; ok && i < from.rank(); ++i) ok = a.to[i] == from[i] || a.to[i] == 1;
-    if (!ok) c.fail(errc::shape, "cannot sum " + from.str() + " to " + a.to.str());
-    detail::check_program(c, a.chain.program, a.chain.stores, c.arity(), from,
-                          [](int k) { return k; });
+    detail::check_chain(c, a.chain);
+    if (!sums_down_to(a.chain.shape, a.to))
+      c.fail(errc::shape, "cannot sum " + a.chain.shape.str() + " to " + a.to.str());
     return TensorType{a.to, DType::f32};
   }
   static constexpr GradFn grad = nullptr;

@@ -22,9 +22,8 @@ template <> struct OpDef<Op::SumTo> : OpDefaults {
     c.expect_dtype(0, DType::f32);
     const Shape& to = c.attr<ShapeAttrs>().shape;
     const Shape& from = c.in(0).shape;
-    bool ok = to.rank() == from.rank();
-    for (int i = 0; ok && i < to.rank(); ++i) ok = to[i] == from[i] || to[i] == 1;
-    if (!ok) c.fail(errc::shape, "cannot sum " + from.str() + " to " + to.str());
+    if (!sums_down_to(from, to))
+      c.fail(errc::shape, "cannot sum " + from.str() + " to " + to.str());
     return TensorType{to, DType::f32};
   }
   static void grad(GradContext& c) { c.dx[0] = broadcast_to(c.dy, c.in(0).shape()); }
