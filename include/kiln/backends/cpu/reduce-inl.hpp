@@ -304,32 +304,6 @@ struct SummedChain {
   }
 };
 
-/// out[0, width) = the sum of n rows of `width` contiguous floats. Narrow rows are summed k at
-/// a time as one row k times as wide, so that a row of one vector still adds into four
-/// independent accumulators rather than one chain of dependent additions.
-inline void SumRows(const float* HWY_RESTRICT rows, std::int64_t n, std::int64_t width,
-                    float* HWY_RESTRICT out) {
-  const hn::ScalableTag<float> d;
-  const hn::CappedTag<float, 1> d1;
-  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t k =
-      std::clamp<std::int64_t>(std::min<std::int64_t>(4 * N, fused_sum_max_columns) / width, 1,
-                               std::max<std::int64_t>(n, 1));
-  const std::int64_t wide = k * width, grouped = n / k;
-  float sums[fused_sum_max_columns];
-  const Axis along[3] = {{1, 0}, {1, 0}, {grouped, wide}};
-  std::int64_t c = 0;
-  for (; c + 4 * N <= wide; c += 4 * N) SumColumns4(d, rows + c, sums + c, along);
-  for (; c + N <= wide; c += N) SumColumns1(d, rows + c, sums + c, along);
-  for (; c < wide; ++c) SumColumns1(d1, rows + c, sums + c, along);
-  for (c = 0; c < width; ++c) {
-    float sum = sums[c];
-    for (std::int64_t j = 1; j < k; ++j) sum += sums[j * width + c];
-    for (std::int64_t r = grouped * k; r < n; ++r) sum += rows[r * width + c];
-    out[c] = sum;
-  }
-}
-
 /// Innermost run kept and nothing else (per-channel sums of NHWC, bias gradients): rows of K
 /// columns, cut into a fixed number of blocks by the shape alone, each summed piece by piece
 /// (a piece's rows first, then into the block's total) and the blocks added in order, so the
@@ -342,13 +316,21 @@ inline void FusedSumColumns(const SummedChain& chain, float* y, std::int64_t wid
   const std::int64_t piece_rows = std::max<std::int64_t>(1, fused_chunk / width);
   float total[max_blocks][fused_sum_max_columns];
   tbb::parallel_for(std::int64_t{0}, blocks, [&](std::int64_t b) HWY_ATTR {
+    const hn::ScalableTag<float> d;
+    const hn::CappedTag<float, 1> d1;
+    const auto N = static_cast<std::int64_t>(hn::Lanes(d));
     float piece[fused_sum_max_columns];
     std::fill_n(total[b], width, 0.0f);
     const std::int64_t first = rows * b / blocks, last = rows * (b + 1) / blocks;
     for (std::int64_t r = first; r < last; r += piece_rows) {
       const std::int64_t n = std::min(piece_rows, last - r);
-      SumRows(chain.Values(r * width, (r + n) * width), n, width, piece);
-      for (std::int64_t c = 0; c < width; ++c) total[b][c] += piece[c];
+      const float* values = chain.Values(r * width, (r + n) * width);
+      const Axis along[3] = {{1, 0}, {1, 0}, {n, width}};
+      std::int64_t c = 0;
+      for (; c + 4 * N <= width; c += 4 * N) SumColumns4(d, values + c, piece + c, along);
+      for (; c + N <= width; c += N) SumColumns1(d, values + c, piece + c, along);
+      for (; c < width; ++c) SumColumns1(d1, values + c, piece + c, along);
+      for (c = 0; c < width; ++c) total[b][c] += piece[c];
     }
   });
   for (std::int64_t c = 0; c < width; ++c) {
