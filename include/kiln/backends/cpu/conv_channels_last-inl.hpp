@@ -65,13 +65,18 @@ struct TapWalk {
   }
 };
 
-/// c[r, 0 : NV vectors] (+)= sum over taps and k < depth of row[r][tap offset + k] * B[tap][k]:
-/// a GEMM tile whose A rows are the image's pixels, read in place. Rows past m repeat the
-/// last one and are not stored.
+/// Kernel rows [begin, end) of a TapWalk: the ones a tile multiplies.
+struct TapRows {
+  std::size_t begin, end;
+};
+
+/// c[r, 0 : NV vectors] = sum over the taps in kernel rows `tap_rows` and k < depth of
+/// row[r][tap offset + k] * B[tap][k]: a GEMM tile whose A rows are the image's pixels, read in
+/// place. Rows past m repeat the last one and are not stored.
 template <std::size_t MR, std::size_t NV>
 HWY_INLINE void ImplicitTile(const float* const* row, std::size_t m, const TapWalk& taps,
-                             std::size_t depth, std::size_t ldb, float* HWY_RESTRICT c,
-                             std::size_t ldc) {
+                             const TapRows& tap_rows, std::size_t depth, std::size_t ldb,
+                             float* HWY_RESTRICT c, std::size_t ldc) {
   const GemmTag d;
   using V = hn::Vec<GemmTag>;
   const std::size_t lanes = hn::Lanes(d);
@@ -84,7 +89,7 @@ HWY_INLINE void ImplicitTile(const float* const* row, std::size_t m, const TapWa
   // holds only the row pointers, B and the counter in general registers. One loop over every
   // (tap, k) also carries the tap's indices, and GCC then spills the row pointers: an extra
   // load before every broadcast.
-  for (std::size_t i = 0; i < taps.kh; ++i) {
+  for (std::size_t i = tap_rows.begin; i < tap_rows.end; ++i) {
     for (std::size_t j = 0; j < taps.kw; ++j) {
       const std::ptrdiff_t offset = static_cast<std::ptrdiff_t>(i) * taps.row_step +
                                     static_cast<std::ptrdiff_t>(j) * taps.col_step;
@@ -112,13 +117,32 @@ HWY_INLINE void ImplicitTile(const float* const* row, std::size_t m, const TapWa
   }
 }
 
+/// Rows [begin, end) of an image, counted from the row ImplicitGemm's `image` points at (a
+/// halo above it makes begin positive; a phase's view may start above the data, so they are
+/// signed). Rows outside hold zeros.
+struct DataRows {
+  std::ptrdiff_t begin, end;
+};
+
+/// The kernel rows that reach `data` for some output row in [first, last] (`stride` apart):
+/// the others would multiply only zeros of the halo.
+inline TapRows TapRowsMeetingData(std::size_t kh, std::size_t stride, std::size_t first,
+                                  std::size_t last, const DataRows& data) {
+  const auto reach = [stride](std::size_t oh) { return static_cast<std::ptrdiff_t>(oh * stride); };
+  const std::ptrdiff_t begin = std::max<std::ptrdiff_t>(0, data.begin - reach(last));
+  const std::ptrdiff_t end = std::min(static_cast<std::ptrdiff_t>(kh), data.end - reach(first));
+  return end > begin ? TapRows{static_cast<std::size_t>(begin), static_cast<std::size_t>(end)}
+                     : TapRows{0, 0};
+}
+
 /// One image of a channels-last convolution: out[p, 0:n] = sum over taps of image pixels
 /// under the kernel at output pixel p (out_h x out_w of them, `stride` apart, each
-/// `channels` floats) times B. `width` is the image's row length in pixels.
+/// `channels` floats) times B. `width` is the image's row length in pixels; only `data` rows
+/// of the image hold values, so each tile skips the kernel rows that meet none of them.
 template <std::size_t NV>
 void ImplicitGemm(const float* image, std::size_t width, std::size_t channels, std::size_t stride_h,
-                  std::size_t stride_w, std::size_t out_h, std::size_t out_w, TapWalk taps,
-                  std::size_t n, float* out) {
+                  std::size_t stride_w, std::size_t out_h, std::size_t out_w, const DataRows& data,
+                  TapWalk taps, std::size_t n, float* out) {
   constexpr std::size_t mr = kConvMR<NV>;
   const std::size_t nr = NV * hn::Lanes(GemmTag()), pixels = out_h * out_w;
   taps.row_step = static_cast<std::ptrdiff_t>(width * channels);
@@ -130,10 +154,12 @@ void ImplicitGemm(const float* image, std::size_t width, std::size_t channels, s
       const std::size_t oh = (p0 + r) / out_w, ow = (p0 + r) % out_w;
       row[r] = image + (oh * stride_h * width + ow * stride_w) * channels;
     }
+    const TapRows tap_rows =
+        TapRowsMeetingData(taps.kh, stride_h, p0 / out_w, (p0 + m - 1) / out_w, data);
     for (std::size_t j = 0; j < n; j += nr) {
       TapWalk at = taps;
       at.b += j;
-      ImplicitTile<mr, NV>(row, m, at, channels, n, out + p0 * n + j, n);
+      ImplicitTile<mr, NV>(row, m, at, tap_rows, channels, n, out + p0 * n + j, n);
     }
   }
 }
@@ -141,17 +167,17 @@ void ImplicitGemm(const float* image, std::size_t width, std::size_t channels, s
 /// ImplicitGemm with the tile width chosen from n, the output channels.
 inline void ImplicitGemmAnyWidth(const float* image, std::size_t width, std::size_t channels,
                                  std::size_t stride_h, std::size_t stride_w, std::size_t out_h,
-                                 std::size_t out_w, const TapWalk& taps, std::size_t n,
-                                 float* out) {
+                                 std::size_t out_w, const DataRows& data, const TapWalk& taps,
+                                 std::size_t n, float* out) {
   switch (ConvTileVectors(n)) {
   case 4:
-    ImplicitGemm<4>(image, width, channels, stride_h, stride_w, out_h, out_w, taps, n, out);
+    ImplicitGemm<4>(image, width, channels, stride_h, stride_w, out_h, out_w, data, taps, n, out);
     break;
   case 2:
-    ImplicitGemm<2>(image, width, channels, stride_h, stride_w, out_h, out_w, taps, n, out);
+    ImplicitGemm<2>(image, width, channels, stride_h, stride_w, out_h, out_w, data, taps, n, out);
     break;
   default:
-    ImplicitGemm<1>(image, width, channels, stride_h, stride_w, out_h, out_w, taps, n, out);
+    ImplicitGemm<1>(image, width, channels, stride_h, stride_w, out_h, out_w, data, taps, n, out);
   }
 }
 
@@ -165,6 +191,12 @@ inline void PadImage(const float* HWY_RESTRICT image, std::size_t h, std::size_t
     CopyFloats(dst + ((halo.top + i) * halo.width + halo.left) * halo.channels, image + i * row,
                row);
   }
+}
+
+/// The rows of an image of h rows that hold it once HaloedImage has given it `halo`.
+inline DataRows HaloedRows(const ConvHalo& halo, std::size_t h) {
+  const auto top = static_cast<std::ptrdiff_t>(halo.top);
+  return {top, top + static_cast<std::ptrdiff_t>(h)};
 }
 
 /// The image a channels-last kernel reads: in place, or padded into `scratch` when the
@@ -194,7 +226,8 @@ inline void Conv2dChannelsLastKernel(const KernelArgs& args) {
     float* yn = epilogue.result_target(y + n * image, scratch + staging);
     const auto [in, width] = HaloedImage(x + n * g.h * g.w * g.c, g.h, g.w, halo, scratch);
     const TapWalk taps = TapWalk::Dense(g.kh, g.kw, w, static_cast<std::ptrdiff_t>(g.c * g.o));
-    ImplicitGemmAnyWidth(in, width, g.c, g.stride_h, g.stride_w, g.oh, g.ow, taps, g.o, yn);
+    ImplicitGemmAnyWidth(in, width, g.c, g.stride_h, g.stride_w, g.oh, g.ow, HaloedRows(halo, g.h),
+                         taps, g.o, yn);
     epilogue(n * image, (n + 1) * image, scratch + layout.total, yn);
   });
 }
@@ -227,8 +260,11 @@ inline void ConvGradInputPhase(const ConvGeometry& g, const ConvHalo& halo, cons
   // never above the top: phase 0 has the most taps.
   const std::size_t top = halo.top + rows.first + 1 - std::max<std::size_t>(rows.taps, 1);
   const std::size_t left = halo.left + columns.first + 1 - std::max<std::size_t>(columns.taps, 1);
+  const DataRows dy_rows = HaloedRows(halo, g.oh);
+  const auto view_top = static_cast<std::ptrdiff_t>(top);
   ImplicitGemmAnyWidth(padded + (top * halo.width + left) * g.o, halo.width, g.o, 1, 1,
-                       rows.count(), columns.count(), taps, g.c, phase_out);
+                       rows.count(), columns.count(),
+                       {dy_rows.begin - view_top, dy_rows.end - view_top}, taps, g.c, phase_out);
   for (std::size_t q = 0; q < rows.count(); ++q) {
     const std::size_t ih = (rows.first + q) * g.stride_h + ph - g.pad_h;
     for (std::size_t r = 0; r < columns.count(); ++r) {
@@ -268,7 +304,7 @@ inline void Conv2dGradInputChannelsLastKernel(const KernelArgs& args) {
       // Tap (i, j) of the flipped kernel is tap (KH - 1 - i, KW - 1 - j) of the weight.
       const TapWalk taps = TapWalk::Dense(g.kh, g.kw, w + (g.kh * g.kw - 1) * block,
                                           -static_cast<std::ptrdiff_t>(block));
-      ImplicitGemmAnyWidth(in, width, g.o, 1, 1, g.h, g.w, taps, g.c, dxn);
+      ImplicitGemmAnyWidth(in, width, g.o, 1, 1, g.h, g.w, HaloedRows(halo, g.oh), taps, g.c, dxn);
     }
     epilogue(n * image, (n + 1) * image, scratch + layout.total, dxn);
   });
