@@ -144,7 +144,7 @@ inline void PackColumnsTransposed(const ConvGeometry& g, const float* image,
         Im2colRow(g, image, taps[j], start, n, rows + j * chunk);
       }
       float* out = dst + p0 * nr;
-      PackColumnsOfB(rows, chunk, n, cols, out, nr);
+      PackColumnsOfB(rows, chunk, n, n, cols, out, nr);
       if (cols < nr) {
         for (std::size_t k = 0; k < n; ++k) ZeroFloats(out + k * nr + cols, nr - cols);
       }

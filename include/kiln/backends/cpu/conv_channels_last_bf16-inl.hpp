@@ -78,12 +78,13 @@ KILN_BF16_FUNCTION inline void WeightPairs(const float* HWY_RESTRICT w, std::siz
   }
 }
 
-/// ImplicitTile over pairs of depths: c[r, 0 : NV vectors] = sum over taps and pairs p of
-/// row[r][tap offset + p] . B[tap][p], the rows and B in 32-bit pairs of bfloat16.
+/// ImplicitTile over pairs of depths: c[r, 0 : NV vectors] = sum over the taps in kernel rows
+/// `tap_rows` and pairs p of row[r][tap offset + p] . B[tap][p], the rows and B in 32-bit pairs
+/// of bfloat16.
 template <std::size_t MR, std::size_t NV>
 KILN_BF16_FUNCTION HWY_INLINE void
-ImplicitTileBf16(const std::uint32_t* const* row, std::size_t m, std::size_t kh, std::size_t kw,
-                 std::ptrdiff_t row_step, std::ptrdiff_t col_step,
+ImplicitTileBf16(const std::uint32_t* const* row, std::size_t m, const TapRows& tap_rows,
+                 std::size_t kw, std::ptrdiff_t row_step, std::ptrdiff_t col_step,
                  const std::uint32_t* HWY_RESTRICT b, std::size_t pairs, std::size_t ldb,
                  float* HWY_RESTRICT c, std::size_t ldc) {
   __m512 acc[MR][NV];
@@ -96,7 +97,7 @@ ImplicitTileBf16(const std::uint32_t* const* row, std::size_t m, std::size_t kh,
   HWY_UNROLL(16)
   for (std::size_t r = 0; r < MR; ++r) a[r] = row[std::min(r, m - 1)];
   // A depth loop per tap over pointers offset by the tap, as in ImplicitTile.
-  for (std::size_t i = 0; i < kh; ++i) {
+  for (std::size_t i = tap_rows.begin; i < tap_rows.end; ++i) {
     for (std::size_t j = 0; j < kw; ++j) {
       const std::ptrdiff_t offset =
           static_cast<std::ptrdiff_t>(i) * row_step + static_cast<std::ptrdiff_t>(j) * col_step;
@@ -125,13 +126,14 @@ ImplicitTileBf16(const std::uint32_t* const* row, std::size_t m, std::size_t kh,
 }
 
 /// ImplicitGemm over pairs: out[p, 0:n] = sum over taps of the image's pixels under the kernel
-/// at output pixel p (each `pairs` pairs of channels, rows `width` pixels long) times B.
+/// at output pixel p (each `pairs` pairs of channels, rows `width` pixels long) times B, each
+/// tile skipping the kernel rows that meet none of the `data` rows.
 template <std::size_t NV>
 KILN_BF16_FUNCTION void ImplicitGemmBf16(const std::uint32_t* image, std::size_t width,
                                          std::size_t pairs, std::size_t stride_h,
                                          std::size_t stride_w, std::size_t out_h, std::size_t out_w,
-                                         std::size_t kh, std::size_t kw, const std::uint32_t* b,
-                                         std::size_t n, float* out) {
+                                         const DataRows& data, std::size_t kh, std::size_t kw,
+                                         const std::uint32_t* b, std::size_t n, float* out) {
   constexpr std::size_t mr = kConvMR<NV>;
   constexpr std::size_t nr = NV * 16;
   const std::size_t pixels = out_h * out_w;
@@ -144,8 +146,10 @@ KILN_BF16_FUNCTION void ImplicitGemmBf16(const std::uint32_t* image, std::size_t
       const std::size_t oh = (p0 + r) / out_w, ow = (p0 + r) % out_w;
       row[r] = image + (oh * stride_h * width + ow * stride_w) * pairs;
     }
+    const TapRows tap_rows =
+        TapRowsMeetingData(kh, stride_h, p0 / out_w, (p0 + m - 1) / out_w, data);
     for (std::size_t j = 0; j < n; j += nr) {
-      ImplicitTileBf16<mr, NV>(row, m, kh, kw, row_step, col_step, b + j, pairs, n,
+      ImplicitTileBf16<mr, NV>(row, m, tap_rows, kw, row_step, col_step, b + j, pairs, n,
                                out + p0 * n + j, n);
     }
   }
@@ -154,16 +158,19 @@ KILN_BF16_FUNCTION void ImplicitGemmBf16(const std::uint32_t* image, std::size_t
 /// ImplicitGemmBf16 with the tile width chosen from n (a multiple of 16).
 inline void ImplicitGemmBf16AnyWidth(const std::uint32_t* image, std::size_t width,
                                      std::size_t pairs, std::size_t stride_h, std::size_t stride_w,
-                                     std::size_t out_h, std::size_t out_w, std::size_t kh,
-                                     std::size_t kw, const std::uint32_t* b, std::size_t n,
-                                     float* out) {
+                                     std::size_t out_h, std::size_t out_w, const DataRows& data,
+                                     std::size_t kh, std::size_t kw, const std::uint32_t* b,
+                                     std::size_t n, float* out) {
   const std::size_t vectors = n / 16;
   if (vectors % 4 == 0) {
-    ImplicitGemmBf16<4>(image, width, pairs, stride_h, stride_w, out_h, out_w, kh, kw, b, n, out);
+    ImplicitGemmBf16<4>(image, width, pairs, stride_h, stride_w, out_h, out_w, data, kh, kw, b, n,
+                        out);
   } else if (vectors % 2 == 0) {
-    ImplicitGemmBf16<2>(image, width, pairs, stride_h, stride_w, out_h, out_w, kh, kw, b, n, out);
+    ImplicitGemmBf16<2>(image, width, pairs, stride_h, stride_w, out_h, out_w, data, kh, kw, b, n,
+                        out);
   } else {
-    ImplicitGemmBf16<1>(image, width, pairs, stride_h, stride_w, out_h, out_w, kh, kw, b, n, out);
+    ImplicitGemmBf16<1>(image, width, pairs, stride_h, stride_w, out_h, out_w, data, kh, kw, b, n,
+                        out);
   }
 }
 
@@ -200,8 +207,8 @@ template <Op op> void ChannelsLastBf16Kernel(const KernelArgs& args) {
     auto* image = reinterpret_cast<std::uint16_t*>(scratch + layout.image);
     ImageToBf16(in + n * image_in, in_h, in_w, halo, image);
     ImplicitGemmBf16AnyWidth(reinterpret_cast<const std::uint32_t*>(image), halo.width, depth / 2,
-                             forward ? g.stride_h : 1, forward ? g.stride_w : 1, out_h, out_w, g.kh,
-                             g.kw, weights, width, result);
+                             forward ? g.stride_h : 1, forward ? g.stride_w : 1, out_h, out_w,
+                             HaloedRows(halo, in_h), g.kh, g.kw, weights, width, result);
     epilogue(n * image_out, (n + 1) * image_out, scratch + layout.total, result);
   });
 }

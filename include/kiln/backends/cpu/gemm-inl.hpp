@@ -162,9 +162,11 @@ inline void PackA(const MatRef& a, std::size_t i0, std::size_t mc, std::size_t k
 
 /// Packs `cols` columns of B that are each contiguous in k (column j starts at src + j * cs)
 /// into the rows of a packed sliver (row k at dst + k * nr), transposing 4 x 4 blocks in
-/// 128-bit registers where the target has them.
+/// 128-bit registers where the target has them. Each column holds `depth` >= kc floats from
+/// src on; the ones past kc are the next panel's, prefetched while this one is packed.
 inline void PackColumnsOfB(const float* HWY_RESTRICT src, std::size_t cs, std::size_t kc,
-                           std::size_t cols, float* HWY_RESTRICT dst, std::size_t nr) {
+                           [[maybe_unused]] std::size_t depth, std::size_t cols,
+                           float* HWY_RESTRICT dst, std::size_t nr) {
   std::size_t k = 0;
 #if HWY_TARGET != HWY_SCALAR
   const hn::Full128<float> d4;
@@ -173,7 +175,7 @@ inline void PackColumnsOfB(const float* HWY_RESTRICT src, std::size_t cs, std::s
     std::size_t j = 0;
     for (; j + 4 <= cols; j += 4) {
       // Many columns are read side by side, more streams than the hardware prefetcher follows.
-      if (k + 64 < kc) {
+      if (k + 64 < depth) {
         for (std::size_t q = 0; q < 4; ++q) hwy::Prefetch(src + (j + q) * cs + k + 64);
       }
       for (std::size_t kk = k; kk < k + 16; kk += 4) {
@@ -199,10 +201,10 @@ inline void PackColumnsOfB(const float* HWY_RESTRICT src, std::size_t cs, std::s
   }
 }
 
-/// Packs depth [k0, k0 + kc) x columns [j0, j0 + nc) of op(B) into NR-column slivers (NR values
-/// per k), zero-padding the last sliver's missing columns.
-inline void PackB(const MatRef& b, std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc,
-                  float* HWY_RESTRICT dst) {
+/// Packs depth [k0, k0 + kc) x columns [j0, j0 + nc) of op(B), `depth` deep, into NR-column
+/// slivers (NR values per k), zero-padding the last sliver's missing columns.
+inline void PackB(const MatRef& b, std::size_t depth, std::size_t k0, std::size_t kc,
+                  std::size_t j0, std::size_t nc, float* HWY_RESTRICT dst) {
   const GemmTag d;
   const std::size_t lanes = hn::Lanes(d);
   const std::size_t nr = GemmNR();
@@ -219,7 +221,7 @@ inline void PackB(const MatRef& b, std::size_t k0, std::size_t kc, std::size_t j
         }
       }
     } else if (b.rs == 1) {
-      PackColumnsOfB(b.p + k0 + (j0 + s) * b.cs, b.cs, kc, cols, dst, nr);
+      PackColumnsOfB(b.p + k0 + (j0 + s) * b.cs, b.cs, kc, depth - k0, cols, dst, nr);
     } else {
       for (std::size_t k = 0; k < kc; ++k) {
         for (std::size_t j = 0; j < cols; ++j)
@@ -272,7 +274,7 @@ inline void Gemm(std::size_t m, std::size_t n, std::size_t k, const MatRef& a, c
           panel = b.packed + ((jc / nr) * b.depth + pc) * nr;
           sliver_stride = b.depth * nr;
         } else {
-          PackB(b.ref, pc, kc, jc, nc, pack_b);
+          PackB(b.ref, k, pc, kc, jc, nc, pack_b);
           panel = pack_b;
           sliver_stride = kc * nr;
         }
