@@ -65,11 +65,6 @@ struct TapWalk {
   }
 };
 
-/// Kernel rows [begin, end) of a TapWalk: the ones a tile multiplies.
-struct TapRows {
-  std::size_t begin, end;
-};
-
 /// c[r, 0 : NV vectors] = sum over the taps in kernel rows `tap_rows` and k < depth of
 /// row[r][tap offset + k] * B[tap][k]: a GEMM tile whose A rows are the image's pixels, read in
 /// place. Rows past m repeat the last one and are not stored.
@@ -115,24 +110,6 @@ HWY_INLINE void ImplicitTile(const float* const* row, std::size_t m, const TapWa
     HWY_UNROLL(4)
     for (std::size_t v = 0; v < NV; ++v) hn::StoreU(acc[r][v], d, c + r * ldc + v * lanes);
   }
-}
-
-/// Rows [begin, end) of an image, counted from the row ImplicitGemm's `image` points at (a
-/// halo above it makes begin positive; a phase's view may start above the data, so they are
-/// signed). Rows outside hold zeros.
-struct DataRows {
-  std::ptrdiff_t begin, end;
-};
-
-/// The kernel rows that reach `data` for some output row in [first, last] (`stride` apart):
-/// the others would multiply only zeros of the halo.
-inline TapRows TapRowsMeetingData(std::size_t kh, std::size_t stride, std::size_t first,
-                                  std::size_t last, const DataRows& data) {
-  const auto reach = [stride](std::size_t oh) { return static_cast<std::ptrdiff_t>(oh * stride); };
-  const std::ptrdiff_t begin = std::max<std::ptrdiff_t>(0, data.begin - reach(last));
-  const std::ptrdiff_t end = std::min(static_cast<std::ptrdiff_t>(kh), data.end - reach(first));
-  return end > begin ? TapRows{static_cast<std::size_t>(begin), static_cast<std::size_t>(end)}
-                     : TapRows{0, 0};
 }
 
 /// One image of a channels-last convolution: out[p, 0:n] = sum over taps of image pixels

@@ -46,24 +46,27 @@ struct TapOffsets {
   std::size_t* b;
 };
 
-/// Fills `at` for every tap of `op` (in the order its A row stores them) and returns it. The
-/// forward taps are column-matrix rows (channel, kernel row, kernel column), A being the OIHW
-/// weight. The input gradient's taps are (output channel, kernel row, kernel column) of the
-/// weight read at o * C*KH*KW + (row, column) from input channel c's row c * KH*KW, over dy
-/// read flipped: a stride-1 convolution of the padded dy with the rotated kernel.
+/// Fills `at` for every tap of `op` and returns it. The forward taps are column-matrix rows
+/// (channel, kernel row, kernel column), A being the OIHW weight. The input gradient's taps are
+/// (output channel, kernel row, kernel column) of the weight read at o * C*KH*KW + (row, column)
+/// from input channel c's row c * KH*KW, over dy read flipped: a stride-1 convolution of the
+/// padded dy with the rotated kernel. The weight gradient's taps are in dW's order; the
+/// others are grouped by the image row they read (kernel row, or flipped kernel row), so that
+/// a tile can take just the groups that meet rows holding data.
 inline TapOffsets ShiftedTapOffsets(Op op, const ConvGeometry& g, const ShiftedRows& s,
                                     float* scratch) {
   const TapOffsets at{reinterpret_cast<std::size_t*>(scratch),
                       reinterpret_cast<std::size_t*>(scratch) + s.taps};
   const std::size_t kk = g.kh * g.kw;
-  const bool flipped = op == Op::Conv2dGradInput;
-  std::size_t k = 0;
+  const bool flipped = op == Op::Conv2dGradInput, by_read_row = op != Op::Conv2dGradWeight;
   for (std::size_t plane = 0; plane < s.planes; ++plane) {
     for (std::size_t r = 0; r < g.kh; ++r) {
-      for (std::size_t c = 0; c < g.kw; ++c, ++k) {
-        at.a[k] = flipped ? plane * g.c * kk + r * g.kw + c : k;
-        at.b[k] = plane * s.plane +
-                  (flipped ? (g.kh - 1 - r) * s.width + (g.kw - 1 - c) : r * s.width + c);
+      const std::size_t read_row = flipped ? g.kh - 1 - r : r;
+      for (std::size_t c = 0; c < g.kw; ++c) {
+        const std::size_t k =
+            by_read_row ? (read_row * s.planes + plane) * g.kw + c : plane * kk + r * g.kw + c;
+        at.a[k] = flipped ? plane * g.c * kk + r * g.kw + c : plane * kk + r * g.kw + c;
+        at.b[k] = plane * s.plane + read_row * s.width + (flipped ? g.kw - 1 - c : c);
       }
     }
   }
@@ -83,12 +86,14 @@ inline void PadPlanes(const ShiftedRows& s, const float* HWY_RESTRICT image,
   }
 }
 
-/// c[r, 0 : NV vectors] = sum over taps k of a[r * lda + at.a[k]] * window[at.b[k] + 0 : NV
-/// vectors], for r < m; rows past m repeat the last one and are not stored.
+/// c[r, 0 : NV vectors] = sum over taps k in [first_tap, end_tap) of a[r * lda + at.a[k]] *
+/// window[at.b[k] + 0 : NV vectors], for r < m; rows past m repeat the last one and are not
+/// stored.
 template <std::size_t MR, std::size_t NV>
-HWY_INLINE void ShiftedRowsTile(std::size_t taps, const float* HWY_RESTRICT a, std::size_t lda,
-                                std::size_t m, const float* HWY_RESTRICT window,
-                                const TapOffsets& at, float* HWY_RESTRICT c, std::size_t ldc) {
+HWY_INLINE void ShiftedRowsTile(std::size_t first_tap, std::size_t end_tap,
+                                const float* HWY_RESTRICT a, std::size_t lda, std::size_t m,
+                                const float* HWY_RESTRICT window, const TapOffsets& at,
+                                float* HWY_RESTRICT c, std::size_t ldc) {
   const GemmTag d;
   using V = hn::Vec<GemmTag>;
   const std::size_t lanes = hn::Lanes(d);
@@ -97,7 +102,7 @@ HWY_INLINE void ShiftedRowsTile(std::size_t taps, const float* HWY_RESTRICT a, s
   for (std::size_t r = 0; r < MR; ++r) rows[r] = a + std::min(r, m - 1) * lda;
   V acc[MR][NV];
   ZeroAccumulators(acc);
-  for (std::size_t k = 0; k < taps; ++k) {
+  for (std::size_t k = first_tap; k < end_tap; ++k) {
     const float* b = window + at.b[k];
     const std::size_t ak = at.a[k];
     MultiplyAddRank1(acc, rows, ak, b);
@@ -120,33 +125,41 @@ inline constexpr std::size_t kShiftedAccumulators = 12;
 
 /// The wide output rows of one image, `m` rows of A (output channels; input channels for the
 /// input gradient) MR at a time, column blocks outside so the image windows stay in L1.
-/// A tile is at most max_nr columns wide, the slack every wide row has.
+/// A tile is at most max_nr columns wide, the slack every wide row has. Its taps are grouped
+/// by the padded row they read (ShiftedTapOffsets), `kh` groups; it takes only the groups
+/// that reach a row holding the image for one of its output rows.
 template <std::size_t MR>
-void ShiftedRowsImage(const ShiftedRows& s, std::size_t m, const float* a, std::size_t lda,
-                      const float* padded, const TapOffsets& at, float* wide) {
+void ShiftedRowsImage(const ShiftedRows& s, std::size_t kh, std::size_t m, const float* a,
+                      std::size_t lda, const float* padded, const TapOffsets& at, float* wide) {
   constexpr std::size_t nv_fit = std::max<std::size_t>(1, kShiftedAccumulators / MR);
   constexpr std::size_t nv = std::min(nv_fit, gemm_blocking::max_nr / kGemmMaxLanes);
   const std::size_t nr = nv * hn::Lanes(GemmTag()), row_floats = s.row_floats();
+  const std::size_t group = s.taps / kh;
+  const auto top = static_cast<std::ptrdiff_t>(s.top);
+  const DataRows data{top, top + static_cast<std::ptrdiff_t>(s.in_h)};
   for (std::size_t q = 0; q < s.columns; q += nr) {
+    const std::size_t last = std::min(q + nr, s.columns) - 1;
+    const TapRows rows = TapRowsMeetingData(kh, 1, q / s.width, last / s.width, data);
     for (std::size_t r = 0; r < m; r += MR) {
-      ShiftedRowsTile<MR, nv>(s.taps, a + r * lda, lda, std::min(MR, m - r), padded + q, at,
-                              wide + r * row_floats + q, row_floats);
+      ShiftedRowsTile<MR, nv>(rows.begin * group, rows.end * group, a + r * lda, lda,
+                              std::min(MR, m - r), padded + q, at, wide + r * row_floats + q,
+                              row_floats);
     }
   }
 }
 
 /// ShiftedRowsImage with the tile height that wastes the fewest rows on `m` (8, 6 or 4; the
 /// wider tile on a tie).
-inline void ShiftedRowsImageAnyHeight(const ShiftedRows& s, std::size_t m, const float* a,
-                                      std::size_t lda, const float* padded, const TapOffsets& at,
-                                      float* wide) {
+inline void ShiftedRowsImageAnyHeight(const ShiftedRows& s, std::size_t kh, std::size_t m,
+                                      const float* a, std::size_t lda, const float* padded,
+                                      const TapOffsets& at, float* wide) {
   const auto padded_rows = [m](std::size_t mr) { return (m + mr - 1) / mr * mr; };
   if (padded_rows(8) <= std::min(padded_rows(6), padded_rows(4))) {
-    ShiftedRowsImage<8>(s, m, a, lda, padded, at, wide);
+    ShiftedRowsImage<8>(s, kh, m, a, lda, padded, at, wide);
   } else if (padded_rows(6) <= padded_rows(4)) {
-    ShiftedRowsImage<6>(s, m, a, lda, padded, at, wide);
+    ShiftedRowsImage<6>(s, kh, m, a, lda, padded, at, wide);
   } else {
-    ShiftedRowsImage<4>(s, m, a, lda, padded, at, wide);
+    ShiftedRowsImage<4>(s, kh, m, a, lda, padded, at, wide);
   }
 }
 
@@ -172,7 +185,7 @@ inline void ConvShiftedRows(Op op, const KernelArgs& args, const ConvGeometry& g
     float* wide = scratch + layout.rows;
     const TapOffsets at = ShiftedTapOffsets(op, g, s, scratch + layout.offsets);
     PadPlanes(s, in + n * image_in, padded);
-    ShiftedRowsImageAnyHeight(s, m, w, lda, padded, at, wide);
+    ShiftedRowsImageAnyHeight(s, g.kh, m, w, lda, padded, at, wide);
     float* result = epilogue.result_target(out + n * image_out, scratch + staging);
     for (std::size_t r = 0; r < m; ++r) {
       for (std::size_t i = 0; i < s.out_h; ++i) {

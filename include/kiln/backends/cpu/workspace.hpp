@@ -217,6 +217,29 @@ inline ConvPhase conv_phase(std::size_t phase, std::size_t size, std::size_t ker
   return p;
 }
 
+/// Kernel rows [begin, end) of a convolution's taps: the ones a tile multiplies.
+struct TapRows {
+  std::size_t begin, end;
+};
+
+/// The rows [begin, end) of an image that hold its data, counted from the first row of a
+/// kernel's view of it (a halo above makes begin positive; a phase's view may start above the
+/// data, so they are signed). Rows outside hold zeros.
+struct DataRows {
+  std::ptrdiff_t begin, end;
+};
+
+/// The kernel rows that reach `data` for some output row in [first, last] (`stride` apart):
+/// the others would multiply only zeros of the halo.
+inline TapRows TapRowsMeetingData(std::size_t kh, std::size_t stride, std::size_t first,
+                                  std::size_t last, const DataRows& data) {
+  const auto reach = [stride](std::size_t oh) { return static_cast<std::ptrdiff_t>(oh * stride); };
+  const std::ptrdiff_t begin = std::max<std::ptrdiff_t>(0, data.begin - reach(last));
+  const std::ptrdiff_t end = std::min(static_cast<std::ptrdiff_t>(kh), data.end - reach(first));
+  return end > begin ? TapRows{static_cast<std::size_t>(begin), static_cast<std::size_t>(end)}
+                     : TapRows{0, 0};
+}
+
 /// The zero border a channels-last kernel puts around the image it reads: the convolution's
 /// padding around x; for the input gradient, kernel - 1 - padding around dy at stride 1 (a
 /// stride-1 convolution of dy with the flipped kernel), and at larger strides what the phases
