@@ -63,9 +63,9 @@ inline TapOffsets ShiftedTapOffsets(Op op, const ConvGeometry& g, const ShiftedR
     for (std::size_t r = 0; r < g.kh; ++r) {
       const std::size_t read_row = flipped ? g.kh - 1 - r : r;
       for (std::size_t c = 0; c < g.kw; ++c) {
-        const std::size_t k =
-            by_read_row ? (read_row * s.planes + plane) * g.kw + c : plane * kk + r * g.kw + c;
-        at.a[k] = flipped ? plane * g.c * kk + r * g.kw + c : plane * kk + r * g.kw + c;
+        const std::size_t weight_tap = plane * kk + r * g.kw + c;
+        const std::size_t k = by_read_row ? (read_row * s.planes + plane) * g.kw + c : weight_tap;
+        at.a[k] = flipped ? plane * g.c * kk + r * g.kw + c : weight_tap;
         at.b[k] = plane * s.plane + read_row * s.width + (flipped ? g.kw - 1 - c : c);
       }
     }
