@@ -78,7 +78,7 @@ void bench(const char* name, kiln::Op op, std::vector<Input> inputs, kiln::Shape
     gflops.push_back(flops / dt.count() * 1e-9);
   }
   std::sort(gflops.begin(), gflops.end());
-  std::printf("%-34s %8.1f   %6.1f..%6.1f   %8.3f ms   ws %zu KiB/thread\n", name,
+  std::printf("%-46s %8.1f   %6.1f..%6.1f   %8.3f ms   ws %zu KiB/thread\n", name,
               gflops[gflops.size() / 2], gflops.front(), gflops.back(),
               flops / gflops[gflops.size() / 2] * 1e-6, args.workspace_per_worker / 1024);
 }
@@ -88,6 +88,7 @@ void bench(const char* name, kiln::Op op, std::vector<Input> inputs, kiln::Shape
 struct ConvCase {
   std::int64_t c, hw, o, k = 3, pad = 0, batch = 64;
   bool channels_last = false;
+  bool winograd = false;
 };
 
 void bench_conv(const char* name, kiln::Op op, const ConvCase& s, Selection& selection) {
@@ -101,6 +102,7 @@ void bench_conv(const char* name, kiln::Op op, const ConvCase& s, Selection& sel
     w = op == kiln::Op::Conv2d ? kiln::Shape{k, k, c, o} : kiln::Shape{k, k, o, c};
   kiln::Conv2dAttrs conv;
   conv.channels_last = channels_last;
+  conv.winograd = s.winograd;
   conv.pad_h = conv.pad_w = static_cast<int>(s.pad);
   const kiln::Attrs attrs = conv;
   const double flops = 2.0 * static_cast<double>(n * o * ohw * ohw * c * k * k);
@@ -127,13 +129,15 @@ int run(int threads, Selection& selection) {
   std::printf("target %s, %d thread(s), batch 64, %d repeats, products in %s\n",
               kiln::cpu::kernel_table().target_name, threads, selection.repeats,
               std::string(kiln::precision_name(selection.precision)).c_str());
-  std::printf("%-34s %8s   %14s   %11s\n", "shape", "GFLOP/s", "min..max", "median");
+  std::printf("%-46s %8s   %14s   %11s\n", "shape", "GFLOP/s", "min..max", "median");
   tbb::task_arena arena(threads);
   arena.execute([&] {
     using kiln::Op;
     const ConvCase first{.c = 1, .hw = 28, .o = 32}, second{.c = 32, .hw = 26, .o = 64};
     const ConvCase first_nhwc{.c = 1, .hw = 28, .o = 32, .channels_last = true};
     const ConvCase second_nhwc{.c = 32, .hw = 26, .o = 64, .channels_last = true};
+    ConvCase second_winograd = second_nhwc;
+    second_winograd.winograd = true;
     const ConvCase lenet_first{.c = 1, .hw = 28, .o = 6, .k = 5, .pad = 2};
     const ConvCase lenet_second{.c = 6, .hw = 14, .o = 16, .k = 5};
     bench_conv("conv 1->32 3x3 28x28", Op::Conv2d, first, selection);
@@ -146,6 +150,21 @@ int run(int threads, Selection& selection) {
     bench_conv("conv 32->64 3x3 26x26, NHWC", Op::Conv2d, second_nhwc, selection);
     bench_conv("conv 32->64 dX, NHWC", Op::Conv2dGradInput, second_nhwc, selection);
     bench_conv("conv 32->64 dW, NHWC", Op::Conv2dGradWeight, second_nhwc, selection);
+    bench_conv("conv 32->64 3x3 26x26, Winograd", Op::Conv2d, second_winograd, selection);
+    bench_conv("conv 32->64 dX, Winograd", Op::Conv2dGradInput, second_winograd, selection);
+    for (const std::int64_t channels : {16, 32}) {
+      const std::int64_t hw = channels == 16 ? 28 : 14;
+      ConvCase block{.c = channels, .hw = hw, .o = channels, .pad = 1, .channels_last = true};
+      const std::string name = "resnet conv " + std::to_string(channels) + "->" +
+                               std::to_string(channels) + " " + std::to_string(hw) + "x" +
+                               std::to_string(hw) + " pad 1";
+      for (const bool winograd : {false, true}) {
+        block.winograd = winograd;
+        const std::string form = winograd ? ", Winograd" : ", NHWC";
+        bench_conv((name + form).c_str(), Op::Conv2d, block, selection);
+        bench_conv((name + " dX" + form).c_str(), Op::Conv2dGradInput, block, selection);
+      }
+    }
     bench_conv("lenet conv 1->6 5x5 pad 2", Op::Conv2d, lenet_first, selection);
     bench_conv("lenet conv 1->6 dW", Op::Conv2dGradWeight, lenet_first, selection);
     bench_conv("lenet conv 6->16 5x5 14x14", Op::Conv2d, lenet_second, selection);

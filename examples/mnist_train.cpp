@@ -105,11 +105,12 @@ void add_flags(CLI::App& app, Options& o) {
                "keep training when the loss is NaN or infinite (by default the first such step "
                "stops the run with an error naming it)");
   app.add_flag("--explain-fusion", o.explain_fusion,
-               "print every fusion and layout decision with its reason, every layout "
-               "transform inserted, and with --tune the candidates' times");
+               "print every fusion, layout and convolution-algorithm decision with its reason, "
+               "every layout transform inserted, and with --tune the candidates' times");
   app.add_flag("--tune", o.tune,
                "before training, time the compiler's uncertain decisions (a layout group NHWC or "
-               "NCHW, an epilogue fused or apart) on this machine, at most 2 s, and keep the "
+               "NCHW, a convolution Winograd or direct, an epilogue fused or apart) on this "
+               "machine, at most 2 s, and keep the "
                "faster; cached in $KILN_TUNING_CACHE, else ~/.cache/kiln/tuning.json");
   app.add_option("--disable", o.disable,
                  "switch optimisations off by name, e.g. --disable fuse_elementwise,layout")
@@ -283,6 +284,10 @@ void explain_decisions(const kiln::Executor& step) {
   for (const kiln::LayoutTransform& t : step.report().transforms)
     std::printf("  %%%d %s -> %s, %lld elements: %s\n", t.of, t.from.c_str(), t.to.c_str(),
                 static_cast<long long>(t.elements), t.why.c_str());
+  std::printf("convolution algorithms (Winograd's predicted time over the direct kernel's):\n");
+  for (const kiln::AlgorithmDecision& d : step.report().algorithms)
+    std::printf("  %s %%%d: %s (%.2f)%s\n", d.op.c_str(), d.node, d.algorithm.c_str(),
+                d.winograd_relative, d.measured ? ", measured by the tuner" : "");
   const kiln::TuningReport& tuning = step.report().tuning;
   if (!tuning.ran) return;
   std::printf("tuned decisions (ms per step of the kernels each choice changes: cost model, then "

@@ -97,6 +97,7 @@ inline std::pair<PassContext, LowerOptions> compile_switches(const CompileOption
     }
   }
   ctx.dump_ir = options.dump_ir;
+  ctx.precision = options.precision;
   return {std::move(ctx), lowering};
 }
 

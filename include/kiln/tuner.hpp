@@ -192,6 +192,16 @@ inline std::vector<Candidate> epilogue_candidates(const CompileReport& report) {
   return out;
 }
 
+/// Every convolution the winograd pass weighed: Winograd or direct.
+inline std::vector<Candidate> algorithm_candidates(const CompileReport& report) {
+  std::vector<Candidate> out;
+  for (const AlgorithmDecision& d : report.algorithms)
+    out.push_back({algorithm_decision_key(d.node),
+                   "how " + d.op + " %" + std::to_string(d.node) + " multiplies", d.algorithm,
+                   d.algorithm == "winograd" ? "direct" : "winograd"});
+  return out;
+}
+
 /// A tuning in progress: the executors, the clock and what was found so far.
 class Tuner {
 public:
@@ -211,11 +221,13 @@ public:
       open_current();
       for (int i = 0; i < 2; ++i) (void)timed_run(*base_);
       step_seconds_ = timed_run(*base_);
+      // Layouts first, as they decide which convolutions have Winograd kernels, and those
+      // before epilogues, which fuse into whichever kernel is left; each stage weighs its
+      // candidates in the plan the earlier stages' choices give.
       weigh_all(layout_candidates(current_.report));
-      if (!decisions_.empty()) {
-        current_ = lower_(decisions_);
-        open_current();
-      }
+      relower_if_changed();
+      weigh_all(algorithm_candidates(current_.report));
+      relower_if_changed();
       weigh_all(epilogue_candidates(current_.report));
       base_.reset();
       verify(rules);
@@ -237,6 +249,13 @@ private:
     Executor exe = open_(std::move(l));
     feed_made_up_inputs(exe);
     return exe;
+  }
+  /// Lowers and opens the current decisions where they differ from the open plan's.
+  void relower_if_changed() {
+    if (decisions_.choices == lowered_choices_) return;
+    current_ = lower_(decisions_);
+    lowered_choices_ = decisions_.choices;
+    open_current();
   }
   void open_current() {
     base_.reset();
@@ -392,6 +411,7 @@ private:
   int skipped_ = 0;
   std::map<std::string, std::pair<double, double>> measured_; ///< by change_text
   Decisions decisions_;
+  std::map<std::string, std::string, std::less<>> lowered_choices_;
   TuningReport report_;
 };
 

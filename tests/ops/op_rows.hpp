@@ -323,6 +323,15 @@ inline void add_conv_channels_last(std::vector<OpRow>& out, const Conv& c) {
   out.push_back({Op::Conv2dGradWeight, {in(x), in(y)}, c.attrs(true), 1e-4});
 }
 
+/// The Winograd forms of a channels-last 3x3 stride-1 convolution: forward and input gradient.
+inline void add_conv_winograd(std::vector<OpRow>& out, const Conv& c) {
+  const Shape x{c.n, c.h, c.w, c.c}, y{c.n, c.oh(), c.ow(), c.o};
+  Conv2dAttrs a = c.attrs(true);
+  a.winograd = true;
+  out.push_back({Op::Conv2d, {in(x), in({c.kh, c.kw, c.c, c.o})}, a, 1e-4});
+  out.push_back({Op::Conv2dGradInput, {in(y), in({c.kh, c.kw, c.o, c.c})}, a, 1e-4});
+}
+
 inline void add_convs(std::vector<OpRow>& out) {
   for (const Conv& c : std::vector<Conv>{
            // Stride 1 without padding; padding, as wide as the kernel too (taps reading only
@@ -371,6 +380,16 @@ inline void add_convs(std::vector<OpRow>& out) {
            {1, 16, 9, 8, 16, 3, 2, 2, 1, 1, 0},
            {2, 16, 10, 9, 16, 2, 2, 3, 3}})
     add_conv_channels_last(out, c);
+  for (const Conv& c : std::vector<Conv>{
+           // The MNIST CNN's second convolution (whole tiles, more than one group of them);
+           // odd output sizes, whose last tiles hang over the edge; padding of 1 and 2; 48
+           // channels (one vector per GEMM tile column).
+           {3, 32, 26, 26, 64, 3, 3},
+           {2, 16, 7, 9, 16, 3, 3, 1, 1, 1, 1},
+           {2, 16, 5, 6, 32, 3, 3, 1, 1, 2, 2},
+           {1, 32, 14, 14, 16, 3, 3, 1, 1, 1, 1},
+           {2, 48, 6, 5, 48, 3, 3}})
+    add_conv_winograd(out, c);
 }
 
 /// A test pooling window over x [n,c,h,w].

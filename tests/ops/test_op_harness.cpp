@@ -80,6 +80,20 @@ TEST_CASE("op harness: every row's kernel matches its reference on every CPU tar
   CHECK(runs >= 2 * static_cast<int>(kiln::test::op_rows().size())); // at least two targets
 }
 
+TEST_CASE("op harness: rows that ask for the Winograd domain run the Winograd kernels") {
+  int rows = 0;
+  for (const OpRow& row : kiln::test::op_rows()) {
+    const auto* conv = std::get_if<kiln::Conv2dAttrs>(&row.attrs);
+    if (!conv || !conv->winograd) continue;
+    INFO(kiln::test::row_name(row));
+    const auto values = kiln::test::draw_all(row, 1);
+    const kiln::test::RowRun run = kiln::test::run_row(kiln::cpu_backend(), row, values, 2);
+    CHECK(run.kernel_name.ends_with(".winograd"));
+    ++rows;
+  }
+  CHECK(rows >= 10);
+}
+
 TEST_CASE("op harness: every row's kernel matches its reference on 1 thread") {
   for (const OpRow& row : kiln::test::op_rows()) {
     INFO(kiln::test::row_name(row));

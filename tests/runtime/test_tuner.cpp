@@ -200,16 +200,26 @@ TEST_CASE("tuner: every choice the tuner can make trains the reference networks 
     const std::vector<float> expected = losses(rules);
     restore(rules, start);
 
-    // Every layout flipped, then (with the rules' layouts) every fused epilogue kept apart:
-    // whatever subset the tuner keeps lies between these and the rules.
-    kiln::TuningEntry layouts, epilogues;
+    // Every layout flipped, then (with the rules' layouts) every convolution algorithm, then
+    // every fused epilogue kept apart: whatever subset the tuner keeps lies between these and
+    // the rules. LeNet-5 has no convolution that a Winograd kernel takes (5x5 kernels).
+    kiln::TuningEntry layouts, algorithms, epilogues;
     for (const auto& c : kiln::tuning_detail::layout_candidates(rules.report()))
       layouts.decisions.choices[c.key] = c.other;
+    for (const auto& c : kiln::tuning_detail::algorithm_candidates(rules.report()))
+      algorithms.decisions.choices[c.key] = c.other;
     for (const auto& c : kiln::tuning_detail::epilogue_candidates(rules.report()))
       epilogues.decisions.choices[c.key] = c.other;
     CHECK_FALSE(layouts.decisions.empty());
+    CHECK(algorithms.decisions.empty() == (std::string(name) == "lenet5"));
     CHECK_FALSE(epilogues.decisions.empty());
-    for (const kiln::TuningEntry* entry : {&layouts, &epilogues}) {
+    const auto kernel_names = [](const kiln::Executor& exe) {
+      std::vector<std::string> names;
+      for (const kiln::PlanStep& s : exe.plan().steps) names.push_back(s.kernel_name);
+      return names;
+    };
+    for (const kiln::TuningEntry* entry : {&layouts, &algorithms, &epilogues}) {
+      if (entry->decisions.empty()) continue;
       CacheFolder folder;
       kiln::TuningCache cache(folder.path / "tuning.json");
       cache.set(kiln::TuningCache::key(kiln::cpu_backend().target(), 2, g, ""), *entry);
@@ -217,7 +227,11 @@ TEST_CASE("tuner: every choice the tuner can make trains the reference networks 
       kiln::Executor flipped =
           kiln::compile(g, {.threads = 2, .tune = kiln::Tune::quick, .tune_cache = cache.path()});
       REQUIRE(flipped.report().tuning.from_cache);
-      CHECK(flipped.plan().steps.size() != rules.plan().steps.size());
+      if (entry == &algorithms) {
+        CHECK(kernel_names(flipped) != kernel_names(rules));
+      } else {
+        CHECK(flipped.plan().steps.size() != rules.plan().steps.size());
+      }
       check_same_losses(losses(flipped), expected);
       restore(flipped, start);
     }

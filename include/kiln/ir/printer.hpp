@@ -69,7 +69,8 @@ inline std::string attr_text(const MatMulAttrs& a) {
 inline std::string attr_text(const Conv2dAttrs& a) {
   return " {stride=" + std::to_string(a.stride_h) + "x" + std::to_string(a.stride_w) +
          ", pad=" + std::to_string(a.pad_h) + "x" + std::to_string(a.pad_w) +
-         (a.channels_last ? ", nhwc" : "") + epilogue_text(a.epilogue) + "}";
+         (a.channels_last ? ", nhwc" : "") + (a.winograd ? ", winograd" : "") +
+         epilogue_text(a.epilogue) + "}";
 }
 inline std::string attr_text(const Pool2dAttrs& a) {
   return " {kernel=" + std::to_string(a.kernel) + ", stride=" + std::to_string(a.stride) +

@@ -34,4 +34,10 @@ inline std::string epilogue_decision_key(ValueId anchor, ValueId consumer) {
   return "epilogue %" + std::to_string(anchor) + " -> %" + std::to_string(consumer);
 }
 
+/// The winograd pass's decision for convolution `node` (numbered as in the graph the pass
+/// saw): "winograd" or "direct".
+inline std::string algorithm_decision_key(ValueId node) {
+  return "algorithm %" + std::to_string(node);
+}
+
 } // namespace kiln

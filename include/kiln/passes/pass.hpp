@@ -50,6 +50,8 @@ struct PassContext {
 #endif
   /// The device compiled for; passes that depend on it (layout) read it here.
   Target target;
+  /// What convolutions and matmuls may multiply in (CompileOptions::precision).
+  Precision precision = Precision::f32;
   /// Choices measured by a tuner, which replace the passes' rules where given.
   Decisions decisions;
   CompileReport report;

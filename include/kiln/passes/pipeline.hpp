@@ -5,6 +5,7 @@
 #include <array>
 
 #include "kiln/passes/canonicalize.hpp"
+#include "kiln/passes/choose_conv_algorithms.hpp"
 #include "kiln/passes/choose_layouts.hpp"
 #include "kiln/passes/compute_in_place.hpp"
 #include "kiln/passes/eliminate_common_subexpressions.hpp"
@@ -24,7 +25,8 @@ namespace kiln {
 /// before cse, so rewritten forms merge); dead nodes go before fusion so that no group is
 /// grown around a value nobody needs (the pool gradient a moved mask no longer reads among
 /// them). Layouts are chosen before fusion, so that fused kernels run in the layout their
-/// anchors read and write. Elementwise chains fuse before epilogues, so that a
+/// anchors read and write; convolution algorithms right after, since only channels-last
+/// convolutions have Winograd kernels. Elementwise chains fuse before epilogues, so that a
 /// whole chain (bias, relu; or an optimizer update) becomes one anchor's epilogue; sums then
 /// take in the chains left over that only they read. The
 /// schedule orders the kernels that fusion left, and in-place reuse, which decides by that
@@ -36,6 +38,7 @@ inline constexpr std::array default_pipeline = {
     Pass{"mask_through_pool", &move_masks_through_pools},
     Pass{"dce", &eliminate_dead_nodes},
     Pass{"layout", &choose_layouts},
+    Pass{"winograd", &choose_conv_algorithms},
     Pass{"fuse_elementwise", &fuse_elementwise},
     Pass{"fuse_epilogue", &fuse_epilogue},
     Pass{"fuse_loss", &fuse_loss},

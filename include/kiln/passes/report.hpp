@@ -83,6 +83,17 @@ struct LayoutDecision {
   std::int64_t saved_bytes = 0, reorder_bytes = 0;
 };
 
+/// How the winograd pass had one convolution multiply (in the graph it saw), with the time
+/// its rule weighed for each choice: FLOPs over the share of the peak the target's kernel
+/// reaches (Target::kernel_work), in units of the direct kernel's.
+struct AlgorithmDecision {
+  ValueId node = -1;
+  std::string op;
+  std::string algorithm;          ///< "winograd" or "direct"
+  double winograd_relative = 1.0; ///< the Winograd kernel's predicted time over the direct one's
+  bool measured = false;          ///< the tuner's choice, not the rule's
+};
+
 /// One reorder the layout pass inserted: `of` (a value of the graph it saw) from one layout
 /// to another, and why.
 struct LayoutTransform {
@@ -127,6 +138,7 @@ struct CompileReport {
   std::vector<FusionDecision> fusion;
   std::vector<LayoutDecision> layouts;
   std::vector<LayoutTransform> transforms;
+  std::vector<AlgorithmDecision> algorithms;
   TuningReport tuning;
   /// The graph as lowered, after every pass (draw it with to_dot, print it with to_text).
   std::shared_ptr<const Graph> optimised;

@@ -14,6 +14,7 @@
 #include "kiln/backends/cpu/conv_channels_last-inl.hpp"
 #include "kiln/backends/cpu/conv_channels_last_bf16-inl.hpp"
 #include "kiln/backends/cpu/conv_shifted_rows-inl.hpp"
+#include "kiln/backends/cpu/conv_winograd-inl.hpp"
 #include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/gemm-inl.hpp"
 #include "kiln/backends/cpu/gemm_bf16-inl.hpp"
@@ -42,6 +43,7 @@ inline const KernelTable* GetKernelTable() {
     RegisterShiftedRowsConvKernels(t);
     RegisterChannelsLastConvKernels(t);
     RegisterChannelsLastBf16ConvKernels(t);
+    RegisterWinogradConvKernels(t);
     RegisterPoolKernels(t);
     RegisterSoftmaxKernels(t);
     RegisterTransposeKernels(t);

@@ -45,6 +45,26 @@ inline double gemm_fill(const GemmExtent& extent, std::size_t rows, std::size_t 
          tile_fill(extent.n, static_cast<std::int64_t>(columns)) * depth_fill(extent.k);
 }
 
+/// Time, in FLOPs at the peak, the Winograd kernels spend per value they transform (16 per
+/// input tile and channel, 16 per output tile and channel) beyond the products: loads, stores
+/// and the cache traffic of the transformed tiles. Measured on the MNIST CNN's second
+/// convolution, where the transforms took about 40% of the products' time.
+inline constexpr double winograd_transform_flops = 16.0;
+
+/// The share of the peak a Winograd call reaches against the direct convolution's FLOPs
+/// (`flops`): above 1 where its 16 products per 2x2 tile outweigh its transforms.
+inline double winograd_fill(Op op, const ConvGeometry& g, double flops, const KernelTable& table) {
+  const WinogradShape s = winograd_shape(op, g);
+  const double tiles = static_cast<double>(g.batch * s.tiles());
+  const auto depth = static_cast<std::int64_t>(s.depth), width = static_cast<std::int64_t>(s.width);
+  const double products = 2.0 * 16.0 * tiles * static_cast<double>(depth * width) /
+                          gemm_fill({static_cast<std::int64_t>(tiles), width, depth},
+                                    table.gemm_tile_rows, table.vector_floats);
+  const double transforms =
+      winograd_transform_flops * 16.0 * tiles * static_cast<double>(depth + width);
+  return flops / (products + transforms);
+}
+
 /// The work of `query` on the kernels of `table`.
 inline KernelWork kernel_work(const KernelTable& table, const KernelQuery& query) {
   KernelWork work = operand_work(query);
@@ -59,6 +79,8 @@ inline KernelWork kernel_work(const KernelTable& table, const KernelQuery& query
     }
     work.compute_fill = gemm_fill(conv_gemm(op, g), table.gemm_tile_rows,
                                   g.channels_last ? table.vector_floats : table.gemm_tile_columns);
+    if (table.select(query, "the CPU").name.ends_with(".winograd"))
+      work.compute_fill = winograd_fill(op, g, work.flops, table);
   } else if (op == Op::MatMul) {
     const Shape& out = query.out.shape;
     const auto& attrs = std::get<MatMulAttrs>(*query.attrs);

@@ -322,6 +322,69 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g, ConvAlgorithm algori
   return l;
 }
 
+/// A Winograd F(2x2, 3x3) convolution seen as the forward pass it computes: the input gradient
+/// is the convolution of dy, padded by 2 - padding, with the flipped kernel. `depth` channels
+/// in, `width` out; outputs come in 2x2 tiles, each reading a 4x4 patch of `halo`, the input
+/// padded so that every patch lies inside it.
+struct WinogradShape {
+  std::size_t depth = 0, width = 0, in_h = 0, in_w = 0, out_h = 0, out_w = 0;
+  std::size_t tiles_h = 0, tiles_w = 0;
+  ConvHalo halo;
+  [[nodiscard]] std::size_t tiles() const { return tiles_h * tiles_w; }
+  /// Whether the image must be copied into the halo: it has padding, or its last tiles
+  /// reach past its edge.
+  [[nodiscard]] bool padded() const {
+    return halo.any() || halo.height > in_h || halo.width > in_w;
+  }
+};
+
+inline WinogradShape winograd_shape(Op op, const ConvGeometry& g) {
+  const bool forward = op == Op::Conv2d;
+  WinogradShape s;
+  s.depth = forward ? g.c : g.o;
+  s.width = forward ? g.o : g.c;
+  s.in_h = forward ? g.h : g.oh;
+  s.in_w = forward ? g.w : g.ow;
+  s.out_h = forward ? g.oh : g.h;
+  s.out_w = forward ? g.ow : g.w;
+  s.tiles_h = (s.out_h + 1) / 2;
+  s.tiles_w = (s.out_w + 1) / 2;
+  const std::size_t top = forward ? g.pad_h : 2 - g.pad_h;
+  const std::size_t left = forward ? g.pad_w : 2 - g.pad_w;
+  s.halo = {top, left, 2 * s.tiles_h + 2, 2 * s.tiles_w + 2, s.depth};
+  return s;
+}
+
+/// Tiles a Winograd convolution transforms and multiplies as one group: a multiple of every
+/// GEMM tile height it uses (3, 6 and 10 tiles), so that the transformed weight for one of the
+/// 16 products is read from L1 by every GEMM tile of the group.
+inline constexpr std::size_t winograd_group = 30;
+
+/// Per-thread scratch of a Winograd convolution, in floats: `image`, the padded image (when
+/// WinogradShape::padded); `inputs`, a group's transformed input tiles, [16][group][depth];
+/// `products`, their products with the transformed weight, [16][group][width]; `weights`, the
+/// transformed weight, [16][depth][width] (the first worker's slice holds the one copy every
+/// worker reads).
+struct WinogradLayout {
+  std::size_t image = 0, inputs = 0, products = 0, weights = 0, total = 0;
+};
+
+inline WinogradLayout winograd_layout(const WinogradShape& s) {
+  WinogradLayout l;
+  std::size_t at = 0;
+  const auto take = [&at](std::size_t floats) {
+    const std::size_t start = at;
+    at += round_up_floats(floats);
+    return start;
+  };
+  l.image = take(s.padded() ? s.halo.floats() : 0);
+  l.inputs = take(16 * winograd_group * s.depth);
+  l.products = take(16 * winograd_group * s.width);
+  l.weights = take(16 * s.depth * s.width);
+  l.total = at;
+  return l;
+}
+
 /// Per-thread scratch of a channels-last convolution that multiplies in bfloat16, in floats:
 /// `image`, the image it reads, padded by its halo, as bfloat16 pairs of depths (for the
 /// weight gradient: pairs of the values a stride apart along a row); `weights`, the weight as
