@@ -152,6 +152,7 @@ int run(int threads, Selection& selection) {
     bench_conv("conv 32->64 dW, NHWC", Op::Conv2dGradWeight, second_nhwc, selection);
     bench_conv("conv 32->64 3x3 26x26, Winograd", Op::Conv2d, second_winograd, selection);
     bench_conv("conv 32->64 dX, Winograd", Op::Conv2dGradInput, second_winograd, selection);
+    bench_conv("conv 32->64 dW, Winograd", Op::Conv2dGradWeight, second_winograd, selection);
     for (const std::int64_t channels : {16, 32}) {
       const std::int64_t hw = channels == 16 ? 28 : 14;
       ConvCase block{.c = channels, .hw = hw, .o = channels, .pad = 1, .channels_last = true};
@@ -163,6 +164,7 @@ int run(int threads, Selection& selection) {
         const std::string form = winograd ? ", Winograd" : ", NHWC";
         bench_conv((name + form).c_str(), Op::Conv2d, block, selection);
         bench_conv((name + " dX" + form).c_str(), Op::Conv2dGradInput, block, selection);
+        bench_conv((name + " dW" + form).c_str(), Op::Conv2dGradWeight, block, selection);
       }
     }
     bench_conv("lenet conv 1->6 5x5 pad 2", Op::Conv2d, lenet_first, selection);

@@ -323,13 +323,14 @@ inline void add_conv_channels_last(std::vector<OpRow>& out, const Conv& c) {
   out.push_back({Op::Conv2dGradWeight, {in(x), in(y)}, c.attrs(true), 1e-4});
 }
 
-/// The Winograd forms of a channels-last 3x3 stride-1 convolution: forward and input gradient.
+/// The Winograd forms of a channels-last 3x3 stride-1 convolution: forward and both gradients.
 inline void add_conv_winograd(std::vector<OpRow>& out, const Conv& c) {
   const Shape x{c.n, c.h, c.w, c.c}, y{c.n, c.oh(), c.ow(), c.o};
   Conv2dAttrs a = c.attrs(true);
   a.winograd = true;
   out.push_back({Op::Conv2d, {in(x), in({c.kh, c.kw, c.c, c.o})}, a, 1e-4});
   out.push_back({Op::Conv2dGradInput, {in(y), in({c.kh, c.kw, c.o, c.c})}, a, 1e-4});
+  out.push_back({Op::Conv2dGradWeight, {in(x), in(y)}, a, 1e-4});
 }
 
 inline void add_convs(std::vector<OpRow>& out) {

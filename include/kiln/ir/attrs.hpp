@@ -155,9 +155,10 @@ struct Conv2dAttrs {
   int kernel_h = 0, kernel_w = 0;
   std::int64_t input_h = 0, input_w = 0;
   bool channels_last = false;
-  /// Multiply in Winograd's F(2x2, 3x3) domain: 16 products per 2x2 block of outputs instead
-  /// of 36. Set on channels-last 3x3 stride-1 convolutions by the pass choosing convolution
-  /// algorithms; a backend without such a kernel runs the call directly.
+  /// Multiply in the Winograd domain: F(2x2, 3x3) forward and for the input gradient,
+  /// F(3x3, 2x2) for the weight gradient, 16 products where the direct kernel makes 36. Set on
+  /// channels-last 3x3 stride-1 convolutions by the winograd pass; a backend without such a
+  /// kernel runs the call directly.
   bool winograd = false;
   Epilogue epilogue{};
   friend bool operator==(const Conv2dAttrs&, const Conv2dAttrs&) = default;

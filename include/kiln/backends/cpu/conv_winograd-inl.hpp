@@ -1,7 +1,8 @@
-// Per-target channels-last 3x3 stride-1 convolutions in Winograd's F(2x2, 3x3) domain: each 2x2
-// block of outputs costs 16 products per (input, output) channel pair instead of 36, paid for
-// by transforming the weight once and every 4x4 input patch and 4x4 product once; re-included
-// per target.
+// Per-target channels-last 3x3 stride-1 convolutions in the Winograd domain: forward and input
+// gradient in F(2x2, 3x3), where each 2x2 block of outputs costs 16 products per (input, output)
+// channel pair instead of 36, paid for by transforming the weight once and every 4x4 input
+// patch and 4x4 product once; the weight gradient in F(3x3, 2x2), the 3x3 kernel from each 4x4
+// patch and the 2x2 tile of dy under it, 16 products instead of 36. Re-included per target.
 #if defined(KILN_CPU_CONV_WINOGRAD_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KILN_CPU_CONV_WINOGRAD_INL_H_
 #undef KILN_CPU_CONV_WINOGRAD_INL_H_
@@ -19,6 +20,7 @@
 #include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
 #include "kiln/backends/cpu/variants.hpp"
+#include "kiln/backends/cpu/weight_gradient_partials-inl.hpp"
 #include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -64,8 +66,9 @@ inline void WinogradWeights(const float* HWY_RESTRICT taps, std::size_t depth, s
 
 /// v[p][0:depth] = (B^T x B)[p] for the 4x4 patch x whose top-left pixel is at `patch` in an
 /// image of rows `row` floats long, a vector of channels at a time. B^T's rows are
-/// (1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1); `plane` floats lie between the
-/// 16 results.
+/// (1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0) and, for F(2x2, 3x3), (0, 1, 0, -1); the weight
+/// gradient's F(3x3, 2x2) negates the last. `plane` floats lie between the 16 results.
+template <Op op>
 HWY_INLINE void WinogradInputTile(const float* HWY_RESTRICT patch, std::size_t row,
                                   std::size_t depth, float* HWY_RESTRICT v, std::size_t plane) {
   const GemmTag d;
@@ -80,14 +83,15 @@ HWY_INLINE void WinogradInputTile(const float* HWY_RESTRICT patch, std::size_t r
       t[0][j] = hn::Sub(x0, x2);
       t[1][j] = hn::Add(x1, x2);
       t[2][j] = hn::Sub(x2, x1);
-      t[3][j] = hn::Sub(x1, x3);
+      t[3][j] = op == Op::Conv2dGradWeight ? hn::Sub(x3, x1) : hn::Sub(x1, x3);
     }
     for (std::size_t i = 0; i < 4; ++i) {
       float* out = v + 4 * i * plane + c;
       hn::StoreU(hn::Sub(t[i][0], t[i][2]), d, out);
       hn::StoreU(hn::Add(t[i][1], t[i][2]), d, out + plane);
       hn::StoreU(hn::Sub(t[i][2], t[i][1]), d, out + 2 * plane);
-      hn::StoreU(hn::Sub(t[i][1], t[i][3]), d, out + 3 * plane);
+      hn::StoreU(op == Op::Conv2dGradWeight ? hn::Sub(t[i][3], t[i][1]) : hn::Sub(t[i][1], t[i][3]),
+                 d, out + 3 * plane);
     }
   }
 }
@@ -159,8 +163,8 @@ void WinogradImage(const WinogradShape& s, const float* image, const float* u, f
     const std::size_t count = std::min(winograd_group, tiles - t0);
     for (std::size_t t = 0; t < count; ++t) {
       const std::size_t ty = (t0 + t) / s.tiles_w, tx = (t0 + t) % s.tiles_w;
-      WinogradInputTile(image + 2 * ty * row + 2 * tx * depth, row, depth, inputs + t * depth,
-                        in_plane);
+      WinogradInputTile<Op::Conv2d>(image + 2 * ty * row + 2 * tx * depth, row, depth,
+                                    inputs + t * depth, in_plane);
     }
     WinogradProducts<NV>(inputs, count, u, depth, width, products);
     for (std::size_t t = 0; t < count; ++t) {
@@ -173,13 +177,21 @@ void WinogradImage(const WinogradShape& s, const float* image, const float* u, f
   }
 }
 
+/// The image the 4x4 patches are read from: `image` in place, or copied into its halo in
+/// `scratch` where WinogradShape::padded says it needs one.
+inline const float* WinogradPatches(const WinogradShape& s, const float* image, float* scratch) {
+  if (!s.padded()) return image;
+  PadImage(image, s.in_h, s.in_w, s.halo, scratch);
+  return scratch;
+}
+
 /// Op::Conv2d, or Op::Conv2dGradInput (the convolution of the padded dy with the flipped
 /// kernel), channels-last, 3x3 at stride 1, in the Winograd domain; images in parallel, the
 /// epilogue over each image's output while it is in cache.
 template <Op op> void WinogradKernel(const KernelArgs& args) {
   const ConvGeometry g = conv_geometry(op, args);
   const WinogradShape s = winograd_shape(op, g);
-  const WinogradLayout layout = winograd_layout(s);
+  const WinogradLayout layout = winograd_layout(op, s);
   const float* in = args.in[0].f32();
   float* out = args.out.f32();
   float* u = reinterpret_cast<float*>(args.workspace) + layout.weights;
@@ -191,11 +203,7 @@ template <Op op> void WinogradKernel(const KernelArgs& args) {
   tbb::parallel_for(std::size_t{0}, g.batch, [&](std::size_t n) {
     float* scratch = ThreadScratch(args);
     float* result = epilogue.result_target(out + n * image_out, scratch + staging);
-    const float* image = in + n * image_in;
-    if (s.padded()) {
-      PadImage(image, s.in_h, s.in_w, s.halo, scratch + layout.image);
-      image = scratch + layout.image;
-    }
+    const float* image = WinogradPatches(s, in + n * image_in, scratch + layout.image);
     float* inputs = scratch + layout.inputs;
     float* products = scratch + layout.products;
     if (vectors == 4) {
@@ -209,6 +217,186 @@ template <Op op> void WinogradKernel(const KernelArgs& args) {
   });
 }
 
+/// u[p][0:width] = (G y G^T)[p] for the 2x2 tile y of dy at `tile` (rows `row` floats long),
+/// of which `rows` x `cols` lie inside dy and the rest count as zero. G's rows are (1, 0),
+/// (1, 1)/2, (1, -1)/2, (0, 1); `plane` floats lie between the 16 results.
+HWY_INLINE void WinogradGradientTile(const float* HWY_RESTRICT tile, std::size_t row,
+                                     std::size_t rows, std::size_t cols, std::size_t width,
+                                     float* HWY_RESTRICT u, std::size_t plane) {
+  const GemmTag d;
+  using V = hn::Vec<GemmTag>;
+  const std::size_t lanes = hn::Lanes(d);
+  const V half = hn::Set(d, 0.5f), zero = hn::Zero(d);
+  for (std::size_t c = 0; c < width; c += lanes) {
+    const V y00 = hn::LoadU(d, tile + c);
+    const V y01 = cols > 1 ? hn::LoadU(d, tile + width + c) : zero;
+    const V y10 = rows > 1 ? hn::LoadU(d, tile + row + c) : zero;
+    const V y11 = rows > 1 && cols > 1 ? hn::LoadU(d, tile + row + width + c) : zero;
+    // G y: four rows of two.
+    const V t[4][2] = {{y00, y01},
+                       {hn::Mul(half, hn::Add(y00, y10)), hn::Mul(half, hn::Add(y01, y11))},
+                       {hn::Mul(half, hn::Sub(y00, y10)), hn::Mul(half, hn::Sub(y01, y11))},
+                       {y10, y11}};
+    // (G y) G^T: each row of two becomes four.
+    for (std::size_t i = 0; i < 4; ++i) {
+      float* out = u + 4 * i * plane + c;
+      hn::StoreU(t[i][0], d, out);
+      hn::StoreU(hn::Mul(half, hn::Add(t[i][0], t[i][1])), d, out + plane);
+      hn::StoreU(hn::Mul(half, hn::Sub(t[i][0], t[i][1])), d, out + 2 * plane);
+      hn::StoreU(t[i][1], d, out + 3 * plane);
+    }
+  }
+}
+
+/// Rows (input channels) of the weight gradient's GEMM tiles: 8 divides every channel count
+/// the Winograd kernels take, and 8 x 2 vectors of accumulators leave registers for the loads.
+inline constexpr std::size_t kWinogradWeightMR = 8;
+
+/// partial[c, 0 : NV vectors] += sum over t < count of v[t][c] * u[t][0 : NV vectors] for the
+/// kWinogradWeightMR channels c from `v`: one tile of one of the 16 products, summed over a
+/// group of tiles (rows of v `depth` floats apart, of u and partial `width`).
+template <std::size_t NV>
+HWY_INLINE void WinogradWeightTile(const float* HWY_RESTRICT v, std::size_t depth,
+                                   const float* HWY_RESTRICT u, std::size_t width,
+                                   std::size_t count, float* HWY_RESTRICT partial) {
+  constexpr std::size_t mr = kWinogradWeightMR;
+  const GemmTag d;
+  using V = hn::Vec<GemmTag>;
+  const std::size_t lanes = hn::Lanes(d);
+  V acc[mr][NV];
+  ZeroAccumulators(acc);
+  for (std::size_t t = 0; t < count; ++t, v += depth, u += width) {
+    V bv[NV];
+    HWY_UNROLL(4)
+    for (std::size_t j = 0; j < NV; ++j) bv[j] = hn::LoadU(d, u + j * lanes);
+    HWY_UNROLL(8)
+    for (std::size_t r = 0; r < mr; ++r) {
+      const V av = hn::Set(d, v[r]);
+      HWY_UNROLL(4)
+      for (std::size_t j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(av, bv[j], acc[r][j]);
+    }
+  }
+  HWY_UNROLL(8)
+  for (std::size_t r = 0; r < mr; ++r) {
+    HWY_UNROLL(4)
+    for (std::size_t j = 0; j < NV; ++j) {
+      float* p = partial + r * width + j * lanes;
+      hn::StoreU(hn::Add(acc[r][j], hn::LoadU(d, p)), d, p);
+    }
+  }
+}
+
+/// partial[p] += v[p]^T u[p] for the 16 products of a group of `count` tiles (v: the
+/// transformed patches of x, [16][group][depth]; u: of dy, [16][group][width]). Out of line,
+/// as WinogradProducts.
+template <std::size_t NV>
+HWY_NOINLINE void WinogradWeightProducts(const float* v, const float* u, std::size_t count,
+                                         std::size_t depth, std::size_t width, float* partial) {
+  const std::size_t nr = NV * hn::Lanes(GemmTag());
+  const std::size_t v_plane = winograd_group * depth, u_plane = winograd_group * width;
+  for (std::size_t p = 0; p < 16; ++p)
+    for (std::size_t c = 0; c < depth; c += kWinogradWeightMR)
+      for (std::size_t j = 0; j < width; j += nr)
+        WinogradWeightTile<NV>(v + p * v_plane + c, depth, u + p * u_plane + j, width, count,
+                               partial + (p * depth + c) * width + j);
+}
+
+/// One image's share of the weight gradient, in the Winograd domain, added to `partial`
+/// ([16][depth][width]): the patches of `image` (x inside its halo) under each 2x2 tile of
+/// dy, and the tile, both transformed a group of tiles at a time, then multiplied.
+template <std::size_t NV>
+void WinogradWeightImage(const WinogradShape& s, const float* image, const float* dy, float* inputs,
+                         float* gradients, float* partial) {
+  const std::size_t depth = s.depth, width = s.width;
+  const std::size_t row = s.halo.width * depth, dy_row = s.out_w * width;
+  const std::size_t v_plane = winograd_group * depth, u_plane = winograd_group * width;
+  const std::size_t tiles = s.tiles();
+  for (std::size_t t0 = 0; t0 < tiles; t0 += winograd_group) {
+    const std::size_t count = std::min(winograd_group, tiles - t0);
+    for (std::size_t t = 0; t < count; ++t) {
+      const std::size_t ty = (t0 + t) / s.tiles_w, tx = (t0 + t) % s.tiles_w;
+      WinogradInputTile<Op::Conv2dGradWeight>(image + 2 * ty * row + 2 * tx * depth, row, depth,
+                                              inputs + t * depth, v_plane);
+      WinogradGradientTile(
+          dy + 2 * ty * dy_row + 2 * tx * width, dy_row, std::min<std::size_t>(2, s.out_h - 2 * ty),
+          std::min<std::size_t>(2, s.out_w - 2 * tx), width, gradients + t * width, u_plane);
+    }
+    WinogradWeightProducts<NV>(inputs, gradients, count, depth, width, partial);
+  }
+}
+
+/// kernel[tap][c][0:width] = A^T m A over m[p] = the sum, in slot order, of every worker's
+/// partial[p][c] (`slices` of them, `slice_floats` apart from `first`): the 3x3 weight
+/// gradient of channel c. A^T's rows for F(3x3, 2x2) are (1, 1, 1, 0), (0, 1, -1, 0),
+/// (0, 1, 1, 1).
+inline void WinogradWeightKernelRow(const float* first, std::size_t slices,
+                                    std::size_t slice_floats, std::size_t c, std::size_t depth,
+                                    std::size_t width, float* HWY_RESTRICT kernel) {
+  const GemmTag d;
+  using V = hn::Vec<GemmTag>;
+  const std::size_t lanes = hn::Lanes(d), plane = depth * width;
+  for (std::size_t o = 0; o < width; o += lanes) {
+    V m[16];
+    for (std::size_t p = 0; p < 16; ++p) {
+      const float* at = first + p * plane + c * width + o;
+      m[p] = hn::LoadU(d, at);
+      for (std::size_t t = 1; t < slices; ++t)
+        m[p] = hn::Add(m[p], hn::LoadU(d, at + t * slice_floats));
+    }
+    V s[3][4];
+    for (std::size_t j = 0; j < 4; ++j) {
+      s[0][j] = hn::Add(hn::Add(m[j], m[4 + j]), m[8 + j]);
+      s[1][j] = hn::Sub(m[4 + j], m[8 + j]);
+      s[2][j] = hn::Add(hn::Add(m[4 + j], m[8 + j]), m[12 + j]);
+    }
+    for (std::size_t i = 0; i < 3; ++i) {
+      float* out = kernel + 3 * i * plane + c * width + o;
+      hn::StoreU(hn::Add(hn::Add(s[i][0], s[i][1]), s[i][2]), d, out);
+      hn::StoreU(hn::Sub(s[i][1], s[i][2]), d, out + plane);
+      hn::StoreU(hn::Add(hn::Add(s[i][1], s[i][2]), s[i][3]), d, out + 2 * plane);
+    }
+  }
+}
+
+/// Op::Conv2dGradWeight, channels-last, 3x3 at stride 1, in the Winograd domain: each run of
+/// images summed into its worker's [16][C][O] partial (PartialWeightGradients' fixed split),
+/// the partials added in slot order and transformed back to [3][3][C][O], then written to the
+/// OIHW dW with the epilogue over each block.
+inline void WinogradWeightGradientKernel(const KernelArgs& args) {
+  const ConvGeometry g = conv_geometry(Op::Conv2dGradWeight, args);
+  const WinogradShape s = winograd_shape(Op::Conv2dGradWeight, g);
+  const WinogradLayout layout = winograd_layout(Op::Conv2dGradWeight, s);
+  const float* x = args.in[0].f32();
+  const float* dy = args.in[1].f32();
+  const std::size_t image_in = s.in_h * s.in_w * s.depth, image_out = s.out_h * s.out_w * s.width;
+  const PartialWeightGradients partials{args, layout.partial, 1};
+  const std::size_t vectors = ConvTileVectors(s.width) >= 2 ? 2 : 1;
+  partials.Accumulate(g.batch, 16 * s.depth * s.width, [&](std::size_t n, float* sum) {
+    float* scratch = ThreadScratch(args);
+    const float* image = WinogradPatches(s, x + n * image_in, scratch + layout.image);
+    float* inputs = scratch + layout.inputs;
+    float* gradients = scratch + layout.products;
+    if (vectors == 2) {
+      WinogradWeightImage<2>(s, image, dy + n * image_out, inputs, gradients, sum);
+    } else {
+      WinogradWeightImage<1>(s, image, dy + n * image_out, inputs, gradients, sum);
+    }
+  });
+  float* kernel = reinterpret_cast<float*>(args.workspace) + layout.kernel;
+  tbb::parallel_for(std::size_t{0}, s.depth, [&](std::size_t c) {
+    WinogradWeightKernelRow(partials.slice(0), partials.slices,
+                            args.workspace_per_worker / sizeof(float), c, s.depth, s.width, kernel);
+  });
+  // dW[o, c, tap] sits at (tap * C + c) * O + o in the kernel.
+  const std::size_t taps = 9, size = g.o * g.c * taps;
+  const auto at = [&](std::size_t i) {
+    const std::size_t o = i / (g.c * taps), c = i / taps % g.c;
+    return (i % taps * g.c + c) * g.o + o;
+  };
+  const PartialWeightGradients transformed{args, layout.kernel, 1, 1};
+  transformed.SumInto(args.out.f32(), size, at, EpilogueRunner(args), layout.total);
+}
+
 /// Puts this target's Winograd convolutions into the table.
 inline void RegisterWinogradConvKernels(KernelTable& table) {
   table.add(Op::Conv2d, {"conv2d.winograd", &WinogradKernel<Op::Conv2d>,
@@ -216,6 +404,9 @@ inline void RegisterWinogradConvKernels(KernelTable& table) {
   table.add(Op::Conv2dGradInput,
             {"conv2d_grad_input.winograd", &WinogradKernel<Op::Conv2dGradInput>,
              &winograd_accepts<Op::Conv2dGradInput>, &winograd_workspace<Op::Conv2dGradInput>});
+  table.add(Op::Conv2dGradWeight,
+            {"conv2d_grad_weight.winograd", &WinogradWeightGradientKernel,
+             &winograd_accepts<Op::Conv2dGradWeight>, &winograd_workspace<Op::Conv2dGradWeight>});
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

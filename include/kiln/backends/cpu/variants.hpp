@@ -27,24 +27,25 @@ inline bool winograd_requested(const KernelQuery& q) {
   return a && a->winograd;
 }
 
-/// Whether the Winograd kernels compute this forward or input-gradient call: channels-last,
-/// 3x3 at stride 1 with padding of at most 2, and whole vectors of channels on both sides.
-inline bool winograd_fits(Op op, const ConvGeometry& g) {
-  return (op == Op::Conv2d || op == Op::Conv2dGradInput) && g.channels_last && g.kh == 3 &&
-         g.kw == 3 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h <= 2 && g.pad_w <= 2 &&
-         g.c % channels_last_multiple == 0 && g.o % channels_last_multiple == 0;
+/// Whether the Winograd kernels compute this convolution call (forward or either gradient):
+/// channels-last, 3x3 at stride 1 with padding of at most 2, and whole vectors of channels on
+/// both sides.
+inline bool winograd_fits(const ConvGeometry& g) {
+  return g.channels_last && g.kh == 3 && g.kw == 3 && g.stride_h == 1 && g.stride_w == 1 &&
+         g.pad_h <= 2 && g.pad_w <= 2 && g.c % channels_last_multiple == 0 &&
+         g.o % channels_last_multiple == 0;
 }
 
 /// The Winograd variant runs the calls that ask for it and fit it; the channels-last variant
 /// takes the rest.
 template <Op op> bool winograd_accepts(const KernelQuery& q) {
-  return winograd_requested(q) && winograd_fits(op, conv_geometry(op, q));
+  return winograd_requested(q) && winograd_fits(conv_geometry(op, q));
 }
 
 /// Scratch bytes per thread of a Winograd convolution, with the epilogue's temps and staging.
 template <Op op> std::size_t winograd_workspace(const KernelQuery& q) {
   const ConvGeometry g = conv_geometry(op, q);
-  return (winograd_layout(winograd_shape(op, g)).total + epilogue_floats(q.attrs) +
+  return (winograd_layout(op, winograd_shape(op, g)).total + epilogue_floats(q.attrs) +
           conv_staging_floats(op, g, q.attrs)) *
          sizeof(float);
 }
@@ -57,7 +58,7 @@ template <Op op, ConvAlgorithm algorithm> bool conv_accepts(const KernelQuery& q
   const ConvGeometry g = conv_geometry(op, q);
   if (algorithm == ConvAlgorithm::channels_last) {
     if (!g.channels_last || tiled_channels(op, g) % channels_last_multiple != 0) return false;
-    if (op != Op::Conv2dGradWeight && winograd_requested(q) && winograd_fits(op, g)) return false;
+    if (winograd_requested(q) && winograd_fits(g)) return false;
     return op != Op::Conv2dGradInput || (g.pad_h < g.kh && g.pad_w < g.kw);
   }
   if (g.channels_last) return false;

@@ -339,7 +339,8 @@ struct WinogradShape {
 };
 
 inline WinogradShape winograd_shape(Op op, const ConvGeometry& g) {
-  const bool forward = op == Op::Conv2d;
+  // The weight gradient tiles dy as the forward pass tiles y, reading the same patches of x.
+  const bool forward = op != Op::Conv2dGradInput;
   WinogradShape s;
   s.depth = forward ? g.c : g.o;
   s.width = forward ? g.o : g.c;
@@ -362,14 +363,18 @@ inline constexpr std::size_t winograd_group = 30;
 
 /// Per-thread scratch of a Winograd convolution, in floats: `image`, the padded image (when
 /// WinogradShape::padded); `inputs`, a group's transformed input tiles, [16][group][depth];
-/// `products`, their products with the transformed weight, [16][group][width]; `weights`, the
-/// transformed weight, [16][depth][width] (the first worker's slice holds the one copy every
-/// worker reads).
+/// `products`, their products with the transformed weight, [16][group][width] (for the weight
+/// gradient, the group's transformed dy tiles); `weights`, the transformed weight,
+/// [16][depth][width] (the first worker's slice holds the one copy every worker reads). The
+/// weight gradient instead keeps `partial`, the worker's sum of products over its images,
+/// [16][depth][width], and `kernel`, where the first worker's slice gets the sum of every
+/// worker's partial transformed back to 3x3, [9][depth][width].
 struct WinogradLayout {
-  std::size_t image = 0, inputs = 0, products = 0, weights = 0, total = 0;
+  std::size_t image = 0, inputs = 0, products = 0, weights = 0, partial = 0, kernel = 0,
+              total = 0;
 };
 
-inline WinogradLayout winograd_layout(const WinogradShape& s) {
+inline WinogradLayout winograd_layout(Op op, const WinogradShape& s) {
   WinogradLayout l;
   std::size_t at = 0;
   const auto take = [&at](std::size_t floats) {
@@ -380,7 +385,10 @@ inline WinogradLayout winograd_layout(const WinogradShape& s) {
   l.image = take(s.padded() ? s.halo.floats() : 0);
   l.inputs = take(16 * winograd_group * s.depth);
   l.products = take(16 * winograd_group * s.width);
-  l.weights = take(16 * s.depth * s.width);
+  const bool weight_gradient = op == Op::Conv2dGradWeight;
+  l.weights = take(weight_gradient ? 0 : 16 * s.depth * s.width);
+  l.partial = take(weight_gradient ? 16 * s.depth * s.width : 0);
+  l.kernel = take(weight_gradient ? 9 * s.depth * s.width : 0);
   l.total = at;
   return l;
 }
