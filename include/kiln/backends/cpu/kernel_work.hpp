@@ -51,15 +51,27 @@ inline double gemm_fill(const GemmExtent& extent, std::size_t rows, std::size_t 
 /// convolution, where the transforms took about 40% of the products' time.
 inline constexpr double winograd_transform_flops = 16.0;
 
+/// Steps of its inner product a register tile of the Winograd products costs besides them:
+/// each tile is stored once (the weight gradient's also loaded and added), where depth_fill's
+/// default prices a packed GEMM's tile. With it the model puts Winograd's time at 0.61-0.90
+/// of the direct kernel's on the MNIST CNN's and the small ResNet's 3x3 convolutions, where
+/// 0.60-0.74 was measured (2026-12-07, AMD EPYC, 2 threads); with the default it rated the
+/// ResNet's 16-channel ones at 1.13-1.20, and the rule kept them direct.
+inline constexpr double winograd_tile_steps = 2.0;
+
 /// The share of the peak a Winograd call reaches against the direct convolution's FLOPs
-/// (`flops`): above 1 where its 16 products per 2x2 tile outweigh its transforms.
+/// (`flops`): above 1 where its 16 products per 2x2 tile outweigh its transforms. The products
+/// are GEMMs over the tiles' channels (forward, input gradient), or over a group of tiles
+/// (weight gradient).
 inline double winograd_fill(Op op, const ConvGeometry& g, double flops, const KernelTable& table) {
   const WinogradShape s = winograd_shape(op, g);
   const double tiles = static_cast<double>(g.batch * s.tiles());
   const auto depth = static_cast<std::int64_t>(s.depth), width = static_cast<std::int64_t>(s.width);
-  const double products = 2.0 * 16.0 * tiles * static_cast<double>(depth * width) /
-                          gemm_fill({static_cast<std::int64_t>(tiles), width, depth},
-                                    table.gemm_tile_rows, table.vector_floats);
+  const std::int64_t inner =
+      op == Op::Conv2dGradWeight ? static_cast<std::int64_t>(winograd_group) : depth;
+  const double fill = tile_fill(width, static_cast<std::int64_t>(table.vector_floats)) *
+                      depth_fill(inner, winograd_tile_steps);
+  const double products = 2.0 * 16.0 * tiles * static_cast<double>(depth * width) / fill;
   const double transforms =
       winograd_transform_flops * 16.0 * tiles * static_cast<double>(depth + width);
   return flops / (products + transforms);
