@@ -3,6 +3,7 @@
 // that kernel faster than the direct one.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <string>
 #include <variant>
@@ -18,7 +19,7 @@ namespace kiln {
 inline constexpr double winograd_required_gain = 1.05;
 
 /// The time of `work` in units of peak FLOPs, for comparing two kernels of one call.
-inline double compute_time(const KernelWork& work) {
+inline double peak_flops_time(const KernelWork& work) {
   return work.flops / std::max(work.compute_fill, 1e-3);
 }
 
@@ -39,8 +40,8 @@ inline PassResult choose_conv_algorithms(Graph& g, PassContext& ctx) {
     const std::array<TensorType, 2> in{g.node(n.inputs[0]).type, g.node(n.inputs[1]).type};
     const KernelQuery direct_query{n.op, &direct, in, n.type};
     const KernelQuery winograd_query{n.op, &winograd, in, n.type};
-    const double relative = compute_time(ctx.target.kernel_work(winograd_query)) /
-                            compute_time(ctx.target.kernel_work(direct_query));
+    const double relative = peak_flops_time(ctx.target.kernel_work(winograd_query)) /
+                            peak_flops_time(ctx.target.kernel_work(direct_query));
     // A convolution the Winograd kernels do not take costs the same either way.
     if (relative == 1.0) continue;
     bool chosen = relative * winograd_required_gain <= 1.0;
