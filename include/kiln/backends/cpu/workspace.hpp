@@ -370,8 +370,7 @@ inline constexpr std::size_t winograd_group = 30;
 /// [16][depth][width], and `kernel`, where the first worker's slice gets the sum of every
 /// worker's partial transformed back to 3x3, [9][depth][width].
 struct WinogradLayout {
-  std::size_t image = 0, inputs = 0, products = 0, weights = 0, partial = 0, kernel = 0,
-              total = 0;
+  std::size_t image = 0, inputs = 0, products = 0, weights = 0, partial = 0, kernel = 0, total = 0;
 };
 
 inline WinogradLayout winograd_layout(Op op, const WinogradShape& s) {
