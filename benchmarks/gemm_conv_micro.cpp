@@ -171,6 +171,8 @@ int run(int threads, Selection& selection) {
     bench_conv("lenet conv 1->6 dW", Op::Conv2dGradWeight, lenet_first, selection);
     bench_conv("lenet conv 6->16 5x5 14x14", Op::Conv2d, lenet_second, selection);
     bench_conv("lenet conv 6->16 dX", Op::Conv2dGradInput, lenet_second, selection);
+    bench_conv("lenet conv 6->16 dX, NHWC (scatter)", Op::Conv2dGradInput,
+               {.c = 6, .hw = 14, .o = 16, .k = 5, .channels_last = true}, selection);
     bench_conv("lenet conv 6->16 dW", Op::Conv2dGradWeight, lenet_second, selection);
     bench_matmul("matmul [64,9216]x[128,9216]^T", 64, 128, 9216, false, true, selection);
     bench_matmul("matmul [128,64]^T x [64,9216] (dW)", 128, 9216, 64, true, false, selection);

@@ -65,6 +65,16 @@ TEST_CASE("cpu backend: each convolution call gets one variant, chosen once by i
       variant(Op::Conv2d, {{2, 8, 8, 16}, {3, 3, 16, 17}}, {2, 6, 6, 17}, nhwc);
   CHECK(none.find("none of its kernels") != std::string::npos);
   CHECK(none.find("conv2d.channels_last") != std::string::npos);
+  // A channels-last input gradient of too few channels for whole vectors scatters dy's pixels
+  // (LeNet-5's second convolution: 5 columns x 6 channels a kernel row), where a kernel row
+  // fits four AVX-512 vectors; 17 channels of 5 columns do not.
+  const kiln::Attrs lenet_nhwc = conv(5, 0, 14, 14, true);
+  CHECK(variant(Op::Conv2dGradInput, {{2, 10, 10, 16}, {5, 5, 16, 6}}, {2, 14, 14, 6},
+                lenet_nhwc) == "conv2d_grad_input.scatter");
+  CHECK(variant(Op::Conv2dGradInput, {{2, 6, 6, 16}, {3, 3, 16, 16}}, {2, 8, 8, 16}, nhwc) ==
+        "conv2d_grad_input.channels_last");
+  CHECK(variant(Op::Conv2dGradInput, {{2, 10, 10, 16}, {5, 5, 16, 17}}, {2, 14, 14, 17}, lenet_nhwc)
+            .find("none of its kernels") != std::string::npos);
 }
 
 TEST_CASE("cpu backend: a node no kernel takes fails at compile with kiln.plan.no_kernel") {

@@ -382,6 +382,24 @@ inline void add_convs(std::vector<OpRow>& out) {
            {2, 16, 10, 9, 16, 2, 2, 3, 3}})
     add_conv_channels_last(out, c);
   for (const Conv& c : std::vector<Conv>{
+           // Input gradients scattered pixel by pixel, for channels that are not whole
+           // vectors: LeNet-5's second convolution; padding, as wide as the kernel too; strides
+           // that leave dx's last rows and columns uncovered; runs of one to four AVX-512
+           // vectors (several pieces of 8-lane vectors); one channel; more rows than a tile.
+           {2, 6, 14, 14, 16, 5, 5},
+           {2, 6, 9, 8, 16, 5, 5, 1, 1, 2, 2},
+           {1, 3, 6, 7, 5, 3, 3, 1, 1, 2, 2},
+           {2, 3, 11, 10, 8, 3, 3, 2, 2, 1, 1},
+           {1, 5, 12, 11, 7, 4, 2, 3, 2, 1, 0},
+           {2, 20, 7, 8, 9, 3, 3, 1, 1, 1, 1},
+           {1, 12, 6, 6, 4, 5, 5, 1, 1, 2, 2},
+           {2, 1, 28, 28, 32, 3, 3},
+           {1, 2, 25, 9, 3, 3, 3, 1, 1, 1, 1}})
+    out.push_back({Op::Conv2dGradInput,
+                   {in({c.n, c.oh(), c.ow(), c.o}), in({c.kh, c.kw, c.o, c.c})},
+                   c.attrs(true),
+                   1e-4});
+  for (const Conv& c : std::vector<Conv>{
            // The MNIST CNN's second convolution (whole tiles, more than one group of them);
            // odd output sizes, whose last tiles hang over the edge; padding of 1 and 2; 48
            // channels (one vector per GEMM tile column).

@@ -8,9 +8,12 @@
 #include <string>
 #include <vector>
 
+#include <tbb/task_arena.h>
+
 #include "kiln/kiln.hpp"
 #include "ops/op_harness.hpp"
 #include "ops/op_rows.hpp"
+#include "support/kernel_harness.hpp"
 #include "support/skip.hpp"
 #include "support/target_loop.hpp"
 
@@ -92,6 +95,53 @@ TEST_CASE("op harness: rows that ask for the Winograd domain run the Winograd ke
     ++rows;
   }
   CHECK(rows >= 10);
+}
+
+TEST_CASE("op harness: channels-last input gradients of too few channels for whole vectors "
+          "run the scatter kernel") {
+  int rows = 0;
+  for (const OpRow& row : kiln::test::op_rows()) {
+    const auto* conv = std::get_if<kiln::Conv2dAttrs>(&row.attrs);
+    if (row.op != Op::Conv2dGradInput || !conv || !conv->channels_last) continue;
+    const kiln::Shape& weight = row.operands[1].type.shape;
+    const std::int64_t channels = weight[3], columns = weight[1];
+    INFO(kiln::test::row_name(row));
+    const auto values = kiln::test::draw_all(row, 1);
+    const kiln::test::RowRun run = kiln::test::run_row(kiln::cpu_backend(), row, values, 2);
+    CHECK(run.kernel_name.ends_with(".scatter") == (channels % 16 != 0));
+    if (channels % 16 != 0) {
+      CHECK(columns * channels <= 64);
+      ++rows;
+    }
+  }
+  CHECK(rows >= 9);
+}
+
+TEST_CASE("op harness: convolution kernels write every output element, from NaN-filled output "
+          "and scratch, on every CPU target, 2 threads") {
+  // A compiled step's arena may hold zeros where a kernel forgot to write; here it holds NaN.
+  tbb::task_arena arena(2);
+  int runs = 0;
+  for (const OpRow& row : kiln::test::op_rows()) {
+    if (row.op != Op::Conv2d && row.op != Op::Conv2dGradInput && row.op != Op::Conv2dGradWeight)
+      continue;
+    INFO(kiln::test::row_name(row));
+    auto values = kiln::test::draw_all(row, 1);
+    const kiln::TensorType out = kiln::test::row_output(row);
+    const auto want = kiln::test::expected(row, values, out);
+    kiln::test::for_each_target([&](const kiln::cpu::KernelTable& table) {
+      INFO("target " << std::string(table.target_name));
+      const std::vector<float> got = arena.execute([&] {
+        return kiln::test::run_kernel(table, row.op,
+                                      {kiln::test::view(values[0].f32, row.operands[0].type.shape),
+                                       kiln::test::view(values[1].f32, row.operands[1].type.shape)},
+                                      out.shape, &row.attrs);
+      });
+      CHECK(kiln::test::relative_error(got, want) <= row.tolerance);
+      ++runs;
+    });
+  }
+  CHECK(runs >= 100);
 }
 
 TEST_CASE("op harness: every row's kernel matches its reference on 1 thread") {

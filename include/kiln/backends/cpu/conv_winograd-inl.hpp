@@ -265,17 +265,7 @@ HWY_INLINE void WinogradWeightTile(const float* HWY_RESTRICT v, std::size_t dept
   const std::size_t lanes = hn::Lanes(d);
   V acc[mr][NV];
   ZeroAccumulators(acc);
-  for (std::size_t t = 0; t < count; ++t, v += depth, u += width) {
-    V bv[NV];
-    HWY_UNROLL(4)
-    for (std::size_t j = 0; j < NV; ++j) bv[j] = hn::LoadU(d, u + j * lanes);
-    HWY_UNROLL(8)
-    for (std::size_t r = 0; r < mr; ++r) {
-      const V av = hn::Set(d, v[r]);
-      HWY_UNROLL(4)
-      for (std::size_t j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(av, bv[j], acc[r][j]);
-    }
-  }
+  for (std::size_t t = 0; t < count; ++t, v += depth, u += width) MultiplyAddRank1(acc, v, u);
   HWY_UNROLL(8)
   for (std::size_t r = 0; r < mr; ++r) {
     HWY_UNROLL(4)

@@ -93,6 +93,22 @@ HWY_INLINE void MultiplyAddRank1(V (&acc)[MR][NV], const float* const (&rows)[MR
   }
 }
 
+/// MultiplyAddRank1 with A's column as MR consecutive floats at `a`.
+template <std::size_t MR, std::size_t NV, class V>
+HWY_INLINE void MultiplyAddRank1(V (&acc)[MR][NV], const float* HWY_RESTRICT a,
+                                 const float* HWY_RESTRICT b) {
+  const hn::DFromV<V> d;
+  V bv[NV];
+  HWY_UNROLL(4)
+  for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, b + v * hn::Lanes(d));
+  HWY_UNROLL(16)
+  for (std::size_t r = 0; r < MR; ++r) {
+    const V av = hn::Set(d, a[r]);
+    HWY_UNROLL(4)
+    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+  }
+}
+
 /// c[0:m, 0:n] (+)= A_sliver · B_sliver over depth kc; B holds NR values per k. A is either
 /// packed (MR values per k) or, when kDirectA, read in place from m rows of stride lda, each
 /// contiguous in k; rows past m repeat the last one, so edge tiles never read outside A. Full

@@ -13,6 +13,7 @@
 #include "kiln/backends/cpu/conv-inl.hpp"
 #include "kiln/backends/cpu/conv_channels_last-inl.hpp"
 #include "kiln/backends/cpu/conv_channels_last_bf16-inl.hpp"
+#include "kiln/backends/cpu/conv_scatter-inl.hpp"
 #include "kiln/backends/cpu/conv_shifted_rows-inl.hpp"
 #include "kiln/backends/cpu/conv_winograd-inl.hpp"
 #include "kiln/backends/cpu/elementwise-inl.hpp"
@@ -43,6 +44,7 @@ inline const KernelTable* GetKernelTable() {
     RegisterShiftedRowsConvKernels(t);
     RegisterChannelsLastConvKernels(t);
     RegisterChannelsLastBf16ConvKernels(t);
+    RegisterScatterConvKernels(t);
     RegisterWinogradConvKernels(t);
     RegisterPoolKernels(t);
     RegisterSoftmaxKernels(t);

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <variant>
 
 #include "kiln/backends/conv_geometry.hpp"
@@ -77,6 +78,18 @@ inline double winograd_fill(Op op, const ConvGeometry& g, double flops, const Ke
   return flops / (products + transforms);
 }
 
+/// Steps of its inner product a scatter tile (conv_scatter-inl.hpp) costs besides them: each
+/// accumulator is loaded, added and stored into dx once, and the tile's pixels are gathered.
+inline constexpr double scatter_tile_steps = 4.0;
+
+/// The share of the peak the scatter input gradient reaches: tiles of pixels down a column of
+/// dy against runs of kernel columns x input channels, over a depth of output channels.
+inline double scatter_fill(const ConvGeometry& g, const KernelTable& table) {
+  const auto i = [](std::size_t v) { return static_cast<std::int64_t>(v); };
+  return tile_fill(i(g.oh), i(scatter_max_pixels)) *
+         tile_fill(i(g.kw * g.c), i(table.vector_floats)) * depth_fill(i(g.o), scatter_tile_steps);
+}
+
 /// The work of `query` on the kernels of `table`.
 inline KernelWork kernel_work(const KernelTable& table, const KernelQuery& query) {
   KernelWork work = operand_work(query);
@@ -91,8 +104,9 @@ inline KernelWork kernel_work(const KernelTable& table, const KernelQuery& query
     }
     work.compute_fill = gemm_fill(conv_gemm(op, g), table.gemm_tile_rows,
                                   g.channels_last ? table.vector_floats : table.gemm_tile_columns);
-    if (table.select(query, "the CPU").name.ends_with(".winograd"))
-      work.compute_fill = winograd_fill(op, g, work.flops, table);
+    const std::string kernel = table.select(query, "the CPU").name;
+    if (kernel.ends_with(".winograd")) work.compute_fill = winograd_fill(op, g, work.flops, table);
+    if (kernel.ends_with(".scatter")) work.compute_fill = scatter_fill(g, table);
   } else if (op == Op::MatMul) {
     const Shape& out = query.out.shape;
     const auto& attrs = std::get<MatMulAttrs>(*query.attrs);

@@ -50,6 +50,27 @@ template <Op op> std::size_t winograd_workspace(const KernelQuery& q) {
          sizeof(float);
 }
 
+/// The longest kernel-row run (kernel columns x input channels) the scatter input gradient
+/// takes: four AVX-512 vectors, so a tile of its pixels keeps every run in registers.
+inline constexpr std::size_t scatter_max_run = 64;
+
+/// Whether the scatter variant computes this input-gradient call: channels-last with input
+/// channels that are not whole vectors (which the channels-last variant needs) and kernel rows
+/// of at most scatter_max_run floats. Any stride and padding.
+inline bool scatter_accepts(const KernelQuery& q) {
+  const ConvGeometry g = conv_geometry(Op::Conv2dGradInput, q);
+  return g.channels_last && g.c % channels_last_multiple != 0 && g.kw * g.c <= scatter_max_run;
+}
+
+/// Scratch bytes per thread of the scatter input gradient, with the epilogue's temps and
+/// staging.
+inline std::size_t scatter_workspace(const KernelQuery& q) {
+  const ConvGeometry g = conv_geometry(Op::Conv2dGradInput, q);
+  return (scatter_layout(g).total + epilogue_floats(q.attrs) +
+          conv_staging_floats(Op::Conv2dGradInput, g, q.attrs)) *
+         sizeof(float);
+}
+
 /// Whether the variant of `algorithm` runs this convolution call. The three exclude each
 /// other: channels-last activations need the channels-last kernels, which need whole vectors
 /// of channels (and, for the input gradient, padding narrower than the kernel); NCHW

@@ -392,6 +392,51 @@ inline WinogradLayout winograd_layout(Op op, const WinogradShape& s) {
   return l;
 }
 
+/// The padded dx a scatter input gradient (conv_scatter-inl.hpp) adds each dy pixel's window
+/// into, so that no window needs clipping: `rows` x `cols` pixels of `c` floats, where dx
+/// pixel (i, j) is padded pixel (i + pad_h, j + pad_w). A window's kernel row is a run of
+/// kw * c floats there, computed in whole vectors of up to `run_floats`.
+struct ScatterShape {
+  std::size_t rows = 0, cols = 0, run = 0, run_floats = 0;
+  [[nodiscard]] std::size_t floats(std::size_t c) const { return rows * cols * c; }
+};
+
+inline ScatterShape scatter_shape(const ConvGeometry& g) {
+  ScatterShape s;
+  s.rows = (g.oh - 1) * g.stride_h + g.kh;
+  s.cols = (g.ow - 1) * g.stride_w + g.kw;
+  s.run = g.kw * g.c;
+  s.run_floats = round_up_floats(s.run);
+  return s;
+}
+
+/// The most dy pixels one scatter tile multiplies at a time; its scratch holds that many.
+inline constexpr std::size_t scatter_max_pixels = 10;
+
+/// Per-thread scratch of a scatter input gradient, in floats: `image`, the padded dx (with
+/// slack for the last run's padding lanes); `pixels`, the dy pixels of one tile, channel by
+/// channel; `weights`, the weight as [KH][O][run_floats] runs (the first worker's slice holds
+/// the one copy every worker reads).
+struct ScatterLayout {
+  std::size_t image = 0, pixels = 0, weights = 0, total = 0;
+};
+
+inline ScatterLayout scatter_layout(const ConvGeometry& g) {
+  const ScatterShape s = scatter_shape(g);
+  ScatterLayout l;
+  std::size_t at = 0;
+  const auto take = [&at](std::size_t floats) {
+    const std::size_t start = at;
+    at += round_up_floats(floats);
+    return start;
+  };
+  l.image = take(s.floats(g.c) + s.run_floats - s.run);
+  l.pixels = take(scatter_max_pixels * g.o);
+  l.weights = take(g.kh * g.o * s.run_floats);
+  l.total = at;
+  return l;
+}
+
 /// Per-thread scratch of a channels-last convolution that multiplies in bfloat16, in floats:
 /// `image`, the image it reads, padded by its halo, as bfloat16 pairs of depths (for the
 /// weight gradient: pairs of the values a stride apart along a row); `weights`, the weight as
