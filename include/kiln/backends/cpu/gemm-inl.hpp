@@ -76,26 +76,10 @@ template <std::size_t R, std::size_t C, class V> HWY_INLINE void ZeroAccumulator
   }
 }
 
-/// One step of a micro-tile's depth loop: acc[r][v] += rows[r][ak] * (vector v at b), the
-/// outer product of one column of A with one row of B.
-template <std::size_t MR, std::size_t NV, class V>
-HWY_INLINE void MultiplyAddRank1(V (&acc)[MR][NV], const float* const (&rows)[MR], std::size_t ak,
-                                 const float* HWY_RESTRICT b) {
-  const hn::DFromV<V> d;
-  V bv[NV];
-  HWY_UNROLL(4)
-  for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, b + v * hn::Lanes(d));
-  HWY_UNROLL(8)
-  for (std::size_t r = 0; r < MR; ++r) {
-    const V av = hn::Set(d, rows[r][ak]);
-    HWY_UNROLL(4)
-    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
-  }
-}
-
-/// MultiplyAddRank1 with A's column as MR consecutive floats at `a`.
-template <std::size_t MR, std::size_t NV, class V>
-HWY_INLINE void MultiplyAddRank1(V (&acc)[MR][NV], const float* HWY_RESTRICT a,
+/// One step of a micro-tile's depth loop: acc[r][v] += a(r) * (vector v at b), the outer
+/// product of one column of A with one row of B.
+template <std::size_t MR, std::size_t NV, class V, class ColumnOfA>
+HWY_INLINE void MultiplyAddOuter(V (&acc)[MR][NV], const ColumnOfA& a,
                                  const float* HWY_RESTRICT b) {
   const hn::DFromV<V> d;
   V bv[NV];
@@ -103,10 +87,26 @@ HWY_INLINE void MultiplyAddRank1(V (&acc)[MR][NV], const float* HWY_RESTRICT a,
   for (std::size_t v = 0; v < NV; ++v) bv[v] = hn::LoadU(d, b + v * hn::Lanes(d));
   HWY_UNROLL(16)
   for (std::size_t r = 0; r < MR; ++r) {
-    const V av = hn::Set(d, a[r]);
+    const V av = hn::Set(d, a(r));
     HWY_UNROLL(4)
     for (std::size_t v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
   }
+}
+
+/// MultiplyAddOuter with A's column at rows[r][ak].
+template <std::size_t MR, std::size_t NV, class V>
+HWY_INLINE void MultiplyAddRank1(V (&acc)[MR][NV], const float* const (&rows)[MR], std::size_t ak,
+                                 const float* HWY_RESTRICT b) {
+  MultiplyAddOuter(
+      acc, [&](std::size_t r) { return rows[r][ak]; }, b);
+}
+
+/// MultiplyAddOuter with A's column as MR consecutive floats at `a`.
+template <std::size_t MR, std::size_t NV, class V>
+HWY_INLINE void MultiplyAddRank1(V (&acc)[MR][NV], const float* HWY_RESTRICT a,
+                                 const float* HWY_RESTRICT b) {
+  MultiplyAddOuter(
+      acc, [a](std::size_t r) { return a[r]; }, b);
 }
 
 /// c[0:m, 0:n] (+)= A_sliver · B_sliver over depth kc; B holds NR values per k. A is either
