@@ -407,7 +407,11 @@ inline void add_convs(std::vector<OpRow>& out) {
            {2, 16, 7, 9, 16, 3, 3, 1, 1, 1, 1},
            {2, 16, 5, 6, 32, 3, 3, 1, 1, 2, 2},
            {1, 32, 14, 14, 16, 3, 3, 1, 1, 1, 1},
-           {2, 48, 6, 5, 48, 3, 3}})
+           {2, 48, 6, 5, 48, 3, 3},
+           // Outputs too short for F(4x4, 3x3) to save products: the forward pass stays in
+           // F(2x2, 3x3) (its input gradient, over the taller input, does not).
+           {2, 16, 4, 8, 16, 3, 3},
+           {1, 16, 8, 3, 32, 3, 3, 1, 1, 1, 0}})
     add_conv_winograd(out, c);
 }
 

@@ -10,6 +10,7 @@
 
 #include <tbb/task_arena.h>
 
+#include "kiln/backends/cpu/workspace.hpp"
 #include "kiln/kiln.hpp"
 #include "ops/op_harness.hpp"
 #include "ops/op_rows.hpp"
@@ -85,6 +86,7 @@ TEST_CASE("op harness: every row's kernel matches its reference on every CPU tar
 
 TEST_CASE("op harness: rows that ask for the Winograd domain run the Winograd kernels") {
   int rows = 0;
+  std::array<int, 2> tiles{};
   for (const OpRow& row : kiln::test::op_rows()) {
     const auto* conv = std::get_if<kiln::Conv2dAttrs>(&row.attrs);
     if (!conv || !conv->winograd) continue;
@@ -93,8 +95,14 @@ TEST_CASE("op harness: rows that ask for the Winograd domain run the Winograd ke
     const kiln::test::RowRun run = kiln::test::run_row(kiln::cpu_backend(), row, values, 2);
     CHECK(run.kernel_name.ends_with(".winograd"));
     ++rows;
+    const kiln::Shape& out = kiln::test::row_output(row).shape;
+    ++tiles[kiln::cpu::winograd_tile(row.op, out[1], out[2]) == 4 ? 1 : 0];
   }
   CHECK(rows >= 10);
+  // Both output tiles of the forward pass and input gradient, F(2x2, 3x3) and F(4x4, 3x3), ran
+  // (the weight gradient's rows count as F(2x2) ones).
+  CHECK(tiles[0] >= 2 + rows / 3);
+  CHECK(tiles[1] >= 8);
 }
 
 TEST_CASE("op harness: channels-last input gradients of too few channels for whole vectors "

@@ -124,7 +124,9 @@ TEST_CASE("layout: NHWC results equal NCHW ones, forward and a training step's g
     auto b = g.param("b", random_tensor({32}, 2));
     auto y = kiln::relu(kiln::conv2d(x, w, {.padding = 1}) + kiln::reshape(b, Shape{1, 32, 1, 1}));
     g.mark_output(y);
-    const auto [with, without] = with_and_without(g, y, "layout");
+    // Without the Winograd domain, whose F(4x4, 3x3) rounds differently from a direct sum
+    // (test_passes_winograd.cpp compares the two).
+    const auto [with, without] = with_and_without(g, y, "layout", 2, {"winograd"});
     REQUIRE(with.size() == without.size());
     for (std::size_t i = 0; i < with.size(); ++i)
       CHECK(with[i] == doctest::Approx(without[i]).epsilon(1e-5).scale(1.0));

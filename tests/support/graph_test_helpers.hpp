@@ -63,17 +63,19 @@ inline std::vector<float> random_inputs(std::int64_t n, std::uint64_t seed) {
   return v;
 }
 
-/// Compiles g with every pass, and again without `pass`, feeds both the same input "x" and
-/// returns (with, without) for `out`, after checking the pass did change the graph.
+/// Compiles g with every pass but `both_without`, and again without `pass` too, feeds both the
+/// same input "x" and returns (with, without) for `out`, after checking the pass did change the
+/// graph.
 inline std::pair<std::vector<float>, std::vector<float>>
-with_and_without(Graph& g, Value out, const std::string& pass, int threads = 2) {
+with_and_without(Graph& g, Value out, const std::string& pass, int threads = 2,
+                 const std::vector<std::string>& both_without = {}) {
   std::pair<std::vector<float>, std::vector<float>> results;
   const Shape xs = g.node(g.find_input("x")).type.shape;
   const std::vector<float> x = random_inputs(xs.numel(), 99);
   for (int off = 0; off < 2; ++off) {
-    auto exe =
-        compile(g, {.threads = threads,
-                    .disable = off ? std::vector<std::string>{pass} : std::vector<std::string>{}});
+    std::vector<std::string> disable = both_without;
+    if (off) disable.push_back(pass);
+    auto exe = compile(g, {.threads = threads, .disable = disable});
     if (!off) CHECK(exe.report().pass(pass)->changed);
     CHECK(!find_overlap(exe.plan().buffers, exe.plan().memory));
     exe.set_input("x", x);

@@ -1,8 +1,9 @@
 // Per-target channels-last 3x3 stride-1 convolutions in the Winograd domain: forward and input
 // gradient in F(2x2, 3x3), where each 2x2 block of outputs costs 16 products per (input, output)
-// channel pair instead of 36, paid for by transforming the weight once and every 4x4 input
-// patch and 4x4 product once; the weight gradient in F(3x3, 2x2), the 3x3 kernel from each 4x4
-// patch and the 2x2 tile of dy under it, 16 products instead of 36. Re-included per target.
+// channel pair instead of 36, or in F(4x4, 3x3), 36 per 4x4 block instead of 144 (see
+// winograd_tile), paid for by transforming the weight once and every input patch and block of
+// products once; the weight gradient in F(3x3, 2x2), the 3x3 kernel from each 4x4 patch and
+// the 2x2 tile of dy under it, 16 products instead of 36. Re-included per target.
 #if defined(KILN_CPU_CONV_WINOGRAD_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KILN_CPU_CONV_WINOGRAD_INL_H_
 #undef KILN_CPU_CONV_WINOGRAD_INL_H_
@@ -27,6 +28,17 @@ HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+/// g[i][j] = the vector at taps + tap * plane for tap 3i + j of a 3x3 kernel, or 8 - (3i + j)
+/// when `flip` (the input gradient's kernel, rotated).
+template <class V>
+HWY_INLINE void LoadKernel3x3(const float* HWY_RESTRICT taps, std::size_t plane, bool flip,
+                              V (&g)[3][3]) {
+  const hn::DFromV<V> d;
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = 0; j < 3; ++j)
+      g[i][j] = hn::LoadU(d, taps + (flip ? 8 - (3 * i + j) : 3 * i + j) * plane);
+}
+
 /// u[p][k][n] = (G g G^T)[p] for every (k, n) of the 3x3 kernel g whose tap (i, j) is the
 /// depth x width block at taps + tap * depth * width, tap = 3i + j, or 8 - (3i + j) when `flip`
 /// (the input gradient's kernel). G's rows are (1, 0, 0), (1, 1, 1)/2, (1, -1, 1)/2, (0, 0, 1).
@@ -39,11 +51,7 @@ inline void WinogradWeights(const float* HWY_RESTRICT taps, std::size_t depth, s
   for (std::size_t k = 0; k < depth; ++k) {
     for (std::size_t n = 0; n < width; n += lanes) {
       V g[3][3];
-      for (std::size_t i = 0; i < 3; ++i)
-        for (std::size_t j = 0; j < 3; ++j) {
-          const std::size_t tap = flip ? 8 - (3 * i + j) : 3 * i + j;
-          g[i][j] = hn::LoadU(d, taps + tap * plane + k * width + n);
-        }
+      LoadKernel3x3(taps + k * width + n, plane, flip, g);
       // G g: four rows of three.
       V t[4][3];
       for (std::size_t j = 0; j < 3; ++j) {
@@ -60,6 +68,80 @@ inline void WinogradWeights(const float* HWY_RESTRICT taps, std::size_t depth, s
         hn::StoreU(hn::Mul(half, hn::Add(hn::Sub(t[i][0], t[i][1]), t[i][2])), d, row + 2 * plane);
         hn::StoreU(t[i][2], d, row + 3 * plane);
       }
+    }
+  }
+}
+
+/// WinogradWeights for F(4x4, 3x3): u[p][k][n] = (G g G^T)[p] over 36 planes. G's rows are
+/// (1/4, 0, 0), -(1, 1, 1)/6, -(1, -1, 1)/6, (1/24, 1/12, 1/6), (1/24, -1/12, 1/6), (0, 0, 1).
+inline void WinogradWeights4(const float* HWY_RESTRICT taps, std::size_t depth, std::size_t width,
+                             bool flip, float* HWY_RESTRICT u) {
+  const GemmTag d;
+  using V = hn::Vec<GemmTag>;
+  const std::size_t lanes = hn::Lanes(d), plane = depth * width;
+  const V quarter = hn::Set(d, 0.25f), sixth = hn::Set(d, 1.0f / 6.0f);
+  const V twelfth = hn::Set(d, 1.0f / 12.0f), twenty_fourth = hn::Set(d, 1.0f / 24.0f);
+  // G applied to three values: six.
+  const auto transform = [&](V g0, V g1, V g2, V(&t)[6]) {
+    const V outer = hn::Add(g0, g2);
+    const V far = hn::MulAdd(g0, twenty_fourth, hn::Mul(g2, sixth));
+    t[0] = hn::Mul(g0, quarter);
+    t[1] = hn::Neg(hn::Mul(hn::Add(outer, g1), sixth));
+    t[2] = hn::Mul(hn::Sub(g1, outer), sixth);
+    t[3] = hn::MulAdd(g1, twelfth, far);
+    t[4] = hn::NegMulAdd(g1, twelfth, far);
+    t[5] = g2;
+  };
+  for (std::size_t k = 0; k < depth; ++k) {
+    for (std::size_t n = 0; n < width; n += lanes) {
+      V g[3][3];
+      LoadKernel3x3(taps + k * width + n, plane, flip, g);
+      V columns[3][6];
+      for (std::size_t j = 0; j < 3; ++j) transform(g[0][j], g[1][j], g[2][j], columns[j]);
+      for (std::size_t i = 0; i < 6; ++i) {
+        V t[6];
+        transform(columns[0][i], columns[1][i], columns[2][i], t);
+        float* row = u + 6 * i * plane + k * width + n;
+        for (std::size_t j = 0; j < 6; ++j) hn::StoreU(t[j], d, row + j * plane);
+      }
+    }
+  }
+}
+
+/// B^T applied to six values of F(4x4, 3x3): B^T's rows are (4, 0, -5, 0, 1, 0),
+/// (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0), (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0),
+/// (0, 4, 0, -5, 0, 1).
+template <class V> HWY_INLINE void WinogradInput6(const V (&x)[6], V (&t)[6]) {
+  const hn::DFromV<V> d;
+  const V four = hn::Set(d, 4.0f), five = hn::Set(d, 5.0f), two = hn::Set(d, 2.0f);
+  const V a = hn::NegMulAdd(four, x[2], x[4]), b = hn::NegMulAdd(four, x[1], x[3]);
+  const V c = hn::Sub(x[4], x[2]), e = hn::Mul(two, hn::Sub(x[3], x[1]));
+  t[0] = hn::MulAdd(four, x[0], hn::NegMulAdd(five, x[2], x[4]));
+  t[1] = hn::Add(a, b);
+  t[2] = hn::Sub(a, b);
+  t[3] = hn::Add(c, e);
+  t[4] = hn::Sub(c, e);
+  t[5] = hn::MulAdd(four, x[1], hn::NegMulAdd(five, x[3], x[5]));
+}
+
+/// WinogradInputTile for F(4x4, 3x3): v[p][0:depth] = (B^T x B)[p] for the 6x6 patch x.
+HWY_INLINE void WinogradInputTile4(const float* HWY_RESTRICT patch, std::size_t row,
+                                   std::size_t depth, float* HWY_RESTRICT v, std::size_t plane) {
+  const GemmTag d;
+  using V = hn::Vec<GemmTag>;
+  const std::size_t lanes = hn::Lanes(d);
+  for (std::size_t c = 0; c < depth; c += lanes) {
+    V t[6][6];
+    for (std::size_t j = 0; j < 6; ++j) {
+      V x[6], column[6];
+      for (std::size_t i = 0; i < 6; ++i) x[i] = hn::LoadU(d, patch + i * row + j * depth + c);
+      WinogradInput6(x, column);
+      for (std::size_t i = 0; i < 6; ++i) t[i][j] = column[i];
+    }
+    for (std::size_t i = 0; i < 6; ++i) {
+      V out[6];
+      WinogradInput6(t[i], out);
+      for (std::size_t j = 0; j < 6; ++j) hn::StoreU(out[j], d, v + (6 * i + j) * plane + c);
     }
   }
 }
@@ -122,18 +204,55 @@ HWY_INLINE void WinogradOutputTile(const float* HWY_RESTRICT m, std::size_t plan
   }
 }
 
-/// The 16 products of a group of `count` transformed tiles (inputs, [16][group][depth]) with
-/// the transformed weight u, into products ([16][group][width]). Kept out of line, so that the
-/// GEMM tiles get the registers to themselves (inlined into the transforms, GCC spilled B).
+/// A^T applied to six values of F(4x4, 3x3): A^T's rows are (1, 1, 1, 1, 1, 0),
+/// (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1).
+template <class V> HWY_INLINE void WinogradOutput6(const V (&m)[6], V (&y)[4]) {
+  const hn::DFromV<V> d;
+  const V a = hn::Add(m[1], m[2]), b = hn::Sub(m[1], m[2]);
+  const V c = hn::Add(m[3], m[4]), e = hn::Sub(m[3], m[4]);
+  y[0] = hn::Add(hn::Add(m[0], a), c);
+  y[1] = hn::MulAdd(hn::Set(d, 2.0f), e, b);
+  y[2] = hn::MulAdd(hn::Set(d, 4.0f), c, a);
+  y[3] = hn::Add(hn::MulAdd(hn::Set(d, 8.0f), e, b), m[5]);
+}
+
+/// WinogradOutputTile for F(4x4, 3x3): the 4x4 outputs A^T m A from 36 products, stored where
+/// they lie inside `rows` x `cols`.
+HWY_INLINE void WinogradOutputTile4(const float* HWY_RESTRICT m, std::size_t plane,
+                                    std::size_t width, float* HWY_RESTRICT out, std::size_t row,
+                                    std::size_t rows, std::size_t cols) {
+  const GemmTag d;
+  using V = hn::Vec<GemmTag>;
+  const std::size_t lanes = hn::Lanes(d);
+  for (std::size_t c = 0; c < width; c += lanes) {
+    V s[4][6];
+    for (std::size_t j = 0; j < 6; ++j) {
+      V column[6], y[4];
+      for (std::size_t i = 0; i < 6; ++i) column[i] = hn::LoadU(d, m + (6 * i + j) * plane + c);
+      WinogradOutput6(column, y);
+      for (std::size_t i = 0; i < 4; ++i) s[i][j] = y[i];
+    }
+    for (std::size_t i = 0; i < rows; ++i) {
+      V y[4];
+      WinogradOutput6(s[i], y);
+      for (std::size_t j = 0; j < cols; ++j) hn::StoreU(y[j], d, out + i * row + j * width + c);
+    }
+  }
+}
+
+/// The products of a group of `count` transformed tiles (inputs, [planes][group][depth]) with
+/// the transformed weight u, into products ([planes][group][width]). Kept out of line, so that
+/// the GEMM tiles get the registers to themselves (inlined into the transforms, GCC spilled B).
 template <std::size_t NV>
 HWY_NOINLINE void WinogradProducts(const float* inputs, std::size_t count, const float* u,
-                                   std::size_t depth, std::size_t width, float* products) {
+                                   std::size_t planes, std::size_t depth, std::size_t width,
+                                   float* products) {
   constexpr std::size_t mr = kConvMR<NV>;
   const std::size_t nr = NV * hn::Lanes(GemmTag());
   const std::size_t in_plane = winograd_group * depth, out_plane = winograd_group * width;
   // Each product is a one-tap implicit GEMM: rows of A depth floats apart, read in place.
   const float* rows[mr];
-  for (std::size_t p = 0; p < 16; ++p) {
+  for (std::size_t p = 0; p < planes; ++p) {
     const TapWalk tap = TapWalk::Dense(1, 1, u + p * depth * width, 0);
     for (std::size_t r0 = 0; r0 < count; r0 += mr) {
       const std::size_t m = std::min(mr, count - r0);
@@ -158,21 +277,30 @@ void WinogradImage(const WinogradShape& s, const float* image, const float* u, f
   static_assert(winograd_group % mr == 0, "a group is a whole number of GEMM tiles");
   const std::size_t depth = s.depth, width = s.width;
   const std::size_t row = s.halo.width * depth, in_plane = winograd_group * depth;
-  const std::size_t out_plane = winograd_group * width, tiles = s.tiles();
+  const std::size_t out_plane = winograd_group * width, tiles = s.tiles(), m = s.tile;
   for (std::size_t t0 = 0; t0 < tiles; t0 += winograd_group) {
     const std::size_t count = std::min(winograd_group, tiles - t0);
     for (std::size_t t = 0; t < count; ++t) {
       const std::size_t ty = (t0 + t) / s.tiles_w, tx = (t0 + t) % s.tiles_w;
-      WinogradInputTile<Op::Conv2d>(image + 2 * ty * row + 2 * tx * depth, row, depth,
-                                    inputs + t * depth, in_plane);
+      const float* patch = image + m * (ty * row + tx * depth);
+      if (m == 4) {
+        WinogradInputTile4(patch, row, depth, inputs + t * depth, in_plane);
+      } else {
+        WinogradInputTile<Op::Conv2d>(patch, row, depth, inputs + t * depth, in_plane);
+      }
     }
-    WinogradProducts<NV>(inputs, count, u, depth, width, products);
+    WinogradProducts<NV>(inputs, count, u, s.planes(), depth, width, products);
     for (std::size_t t = 0; t < count; ++t) {
       const std::size_t ty = (t0 + t) / s.tiles_w, tx = (t0 + t) % s.tiles_w;
-      const std::size_t oy = 2 * ty, ox = 2 * tx;
-      WinogradOutputTile(products + t * width, out_plane, width, out + (oy * s.out_w + ox) * width,
-                         s.out_w * width, std::min<std::size_t>(2, s.out_h - oy),
-                         std::min<std::size_t>(2, s.out_w - ox));
+      const std::size_t oy = m * ty, ox = m * tx;
+      float* at = out + (oy * s.out_w + ox) * width;
+      const std::size_t rows = std::min(m, s.out_h - oy), cols = std::min(m, s.out_w - ox);
+      if (m == 4) {
+        WinogradOutputTile4(products + t * width, out_plane, width, at, s.out_w * width, rows,
+                            cols);
+      } else {
+        WinogradOutputTile(products + t * width, out_plane, width, at, s.out_w * width, rows, cols);
+      }
     }
   }
 }
@@ -195,7 +323,11 @@ template <Op op> void WinogradKernel(const KernelArgs& args) {
   const float* in = args.in[0].f32();
   float* out = args.out.f32();
   float* u = reinterpret_cast<float*>(args.workspace) + layout.weights;
-  WinogradWeights(args.in[1].f32(), s.depth, s.width, op == Op::Conv2dGradInput, u);
+  if (s.tile == 4) {
+    WinogradWeights4(args.in[1].f32(), s.depth, s.width, op == Op::Conv2dGradInput, u);
+  } else {
+    WinogradWeights(args.in[1].f32(), s.depth, s.width, op == Op::Conv2dGradInput, u);
+  }
   const std::size_t image_in = s.in_h * s.in_w * s.depth, image_out = s.out_h * s.out_w * s.width;
   const EpilogueRunner epilogue(args);
   const std::size_t staging = layout.total + epilogue_floats(args.attrs);

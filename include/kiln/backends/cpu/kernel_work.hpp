@@ -72,9 +72,10 @@ inline double winograd_fill(Op op, const ConvGeometry& g, double flops, const Ke
       op == Op::Conv2dGradWeight ? static_cast<std::int64_t>(winograd_group) : depth;
   const double fill = tile_fill(width, static_cast<std::int64_t>(table.vector_floats)) *
                       depth_fill(inner, winograd_tile_steps);
-  const double products = 2.0 * 16.0 * tiles * static_cast<double>(depth * width) / fill;
+  const auto planes = static_cast<double>(s.planes());
+  const double products = 2.0 * planes * tiles * static_cast<double>(depth * width) / fill;
   const double transforms =
-      winograd_transform_flops * 16.0 * tiles * static_cast<double>(depth + width);
+      winograd_transform_flops * planes * tiles * static_cast<double>(depth + width);
   return flops / (products + transforms);
 }
 

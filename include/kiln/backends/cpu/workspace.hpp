@@ -322,21 +322,37 @@ inline ConvLayout conv_layout(Op op, const ConvGeometry& g, ConvAlgorithm algori
   return l;
 }
 
-/// A Winograd F(2x2, 3x3) convolution seen as the forward pass it computes: the input gradient
-/// is the convolution of dy, padded by 2 - padding, with the flipped kernel. `depth` channels
-/// in, `width` out; outputs come in 2x2 tiles, each reading a 4x4 patch of `halo`, the input
-/// padded so that every patch lies inside it.
+/// A Winograd convolution seen as the forward pass it computes: the input gradient is the
+/// convolution of dy, padded by 2 - padding, with the flipped kernel. `depth` channels in,
+/// `width` out; outputs come in tile x tile tiles, each reading an alpha x alpha patch of
+/// `halo`, the input padded so that every patch lies inside it.
 struct WinogradShape {
   std::size_t depth = 0, width = 0, in_h = 0, in_w = 0, out_h = 0, out_w = 0;
+  /// Side of an output tile: 2 for F(2x2, 3x3) (and the weight gradient's F(3x3, 2x2), which
+  /// tiles dy by 2), 4 for F(4x4, 3x3).
+  std::size_t tile = 2;
   std::size_t tiles_h = 0, tiles_w = 0;
   ConvHalo halo;
   [[nodiscard]] std::size_t tiles() const { return tiles_h * tiles_w; }
+  /// Side of a transformed tile (the input patch a tile reads), and the products per tile.
+  [[nodiscard]] std::size_t alpha() const { return tile + 2; }
+  [[nodiscard]] std::size_t planes() const { return alpha() * alpha(); }
   /// Whether the image must be copied into the halo: it has padding, or its last tiles
   /// reach past its edge.
   [[nodiscard]] bool padded() const {
     return halo.any() || halo.height > in_h || halo.width > in_w;
   }
 };
+
+/// The output tile side of a Winograd forward pass or input gradient over out_h x out_w
+/// outputs: F(4x4, 3x3) makes 36 products per tile of 16 outputs where F(2x2, 3x3) makes 16 per
+/// 4, so it takes the outputs whose covering tiles (the last ones may overhang) cost fewer
+/// products that way. The weight gradient stays in F(3x3, 2x2).
+inline std::size_t winograd_tile(Op op, std::size_t out_h, std::size_t out_w) {
+  if (op == Op::Conv2dGradWeight) return 2;
+  const auto tiles = [&](std::size_t m) { return ((out_h + m - 1) / m) * ((out_w + m - 1) / m); };
+  return 36 * tiles(4) < 16 * tiles(2) ? 4 : 2;
+}
 
 inline WinogradShape winograd_shape(Op op, const ConvGeometry& g) {
   // The weight gradient tiles dy as the forward pass tiles y, reading the same patches of x.
@@ -348,11 +364,12 @@ inline WinogradShape winograd_shape(Op op, const ConvGeometry& g) {
   s.in_w = forward ? g.w : g.ow;
   s.out_h = forward ? g.oh : g.h;
   s.out_w = forward ? g.ow : g.w;
-  s.tiles_h = (s.out_h + 1) / 2;
-  s.tiles_w = (s.out_w + 1) / 2;
+  s.tile = winograd_tile(op, s.out_h, s.out_w);
+  s.tiles_h = (s.out_h + s.tile - 1) / s.tile;
+  s.tiles_w = (s.out_w + s.tile - 1) / s.tile;
   const std::size_t top = forward ? g.pad_h : 2 - g.pad_h;
   const std::size_t left = forward ? g.pad_w : 2 - g.pad_w;
-  s.halo = {top, left, 2 * s.tiles_h + 2, 2 * s.tiles_w + 2, s.depth};
+  s.halo = {top, left, s.tile * s.tiles_h + 2, s.tile * s.tiles_w + 2, s.depth};
   return s;
 }
 
@@ -362,10 +379,10 @@ inline WinogradShape winograd_shape(Op op, const ConvGeometry& g) {
 inline constexpr std::size_t winograd_group = 30;
 
 /// Per-thread scratch of a Winograd convolution, in floats: `image`, the padded image (when
-/// WinogradShape::padded); `inputs`, a group's transformed input tiles, [16][group][depth];
-/// `products`, their products with the transformed weight, [16][group][width] (for the weight
-/// gradient, the group's transformed dy tiles); `weights`, the transformed weight,
-/// [16][depth][width] (the first worker's slice holds the one copy every worker reads). The
+/// WinogradShape::padded); `inputs`, a group's transformed input tiles, [planes][group][depth];
+/// `products`, their products with the transformed weight, [planes][group][width] (for the
+/// weight gradient, the group's transformed dy tiles); `weights`, the transformed weight,
+/// [planes][depth][width] (the first worker's slice holds the one copy every worker reads). The
 /// weight gradient instead keeps `partial`, the worker's sum of products over its images,
 /// [16][depth][width], and `kernel`, where the first worker's slice gets the sum of every
 /// worker's partial transformed back to 3x3, [9][depth][width].
@@ -382,10 +399,11 @@ inline WinogradLayout winograd_layout(Op op, const WinogradShape& s) {
     return start;
   };
   l.image = take(s.padded() ? s.halo.floats() : 0);
-  l.inputs = take(16 * winograd_group * s.depth);
-  l.products = take(16 * winograd_group * s.width);
+  const std::size_t planes = s.planes();
+  l.inputs = take(planes * winograd_group * s.depth);
+  l.products = take(planes * winograd_group * s.width);
   const bool weight_gradient = op == Op::Conv2dGradWeight;
-  l.weights = take(weight_gradient ? 0 : 16 * s.depth * s.width);
+  l.weights = take(weight_gradient ? 0 : planes * s.depth * s.width);
   l.partial = take(weight_gradient ? 16 * s.depth * s.width : 0);
   l.kernel = take(weight_gradient ? 9 * s.depth * s.width : 0);
   l.total = at;
