@@ -1,6 +1,6 @@
-// The winograd pass: has each convolution multiply in Winograd's F(2x2, 3x3) domain where the
-// target has a kernel for it and its own account of the work (Target::kernel_work) predicts
-// that kernel faster than the direct one.
+// The winograd pass: has each convolution multiply in the Winograd domain where the target has
+// a kernel for it and its own account of the work (Target::kernel_work) predicts that kernel
+// faster than the direct one at the compilation's precision.
 #pragma once
 
 #include <algorithm>
@@ -25,11 +25,12 @@ inline double peak_flops_time(const KernelWork& work) {
 
 /// Sets Conv2dAttrs::winograd on every convolution whose Winograd kernel the target predicts
 /// at least winograd_required_gain faster, unless the context's decisions say otherwise
-/// (algorithm_decision_key). Only FP32 compilations: in bfloat16 the convolutions multiply in
-/// the bf16 kernels.
+/// (algorithm_decision_key). Both kernels are asked at the compilation's precision: under
+/// bfloat16 the direct one is the bf16 kernel where the target has it, and a Winograd kernel
+/// that multiplies in FP32 must beat that.
 inline PassResult choose_conv_algorithms(Graph& g, PassContext& ctx) {
   PassResult result;
-  if (ctx.precision != Precision::f32 || !ctx.target.kernel_work) return result;
+  if (!ctx.target.kernel_work) return result;
   for (ValueId id = 0; id < g.size(); ++id) {
     Node& n = g.node(id);
     const auto* attrs = std::get_if<Conv2dAttrs>(&n.attrs);
@@ -38,8 +39,8 @@ inline PassResult choose_conv_algorithms(Graph& g, PassContext& ctx) {
     winograd_attrs.winograd = true;
     const Attrs direct = n.attrs, winograd = winograd_attrs;
     const std::array<TensorType, 2> in{g.node(n.inputs[0]).type, g.node(n.inputs[1]).type};
-    const KernelQuery direct_query{n.op, &direct, in, n.type};
-    const KernelQuery winograd_query{n.op, &winograd, in, n.type};
+    const KernelQuery direct_query{n.op, &direct, in, n.type, ctx.precision};
+    const KernelQuery winograd_query{n.op, &winograd, in, n.type, ctx.precision};
     const double relative = peak_flops_time(ctx.target.kernel_work(winograd_query)) /
                             peak_flops_time(ctx.target.kernel_work(direct_query));
     // A convolution the Winograd kernels do not take costs the same either way.
