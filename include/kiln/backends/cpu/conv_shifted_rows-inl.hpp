@@ -32,12 +32,14 @@ static_assert(kGemmMaxLanes <= max_float_lanes, "the partial sums assume at most
 
 // The weight gradient's tile: kDotRows output channels x kDotTaps taps of vector sums, with
 // the output channels' dy vectors and one image vector beside them in registers.
+// A count of output channels that is a multiple of 6 but not of kDotRows (LeNet-5's first
+// layer) takes tiles of 6 x kDotTapsOf6 where the registers hold them (0: nowhere).
 #if HWY_TARGET == HWY_SCALAR
-inline constexpr std::size_t kDotRows = 2, kDotTaps = 2;
+inline constexpr std::size_t kDotRows = 2, kDotTaps = 2, kDotRowsOf6 = 0, kDotTapsOf6 = 1;
 #elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-inline constexpr std::size_t kDotRows = 4, kDotTaps = 6;
+inline constexpr std::size_t kDotRows = 4, kDotTaps = 6, kDotRowsOf6 = 6, kDotTapsOf6 = 3;
 #else
-inline constexpr std::size_t kDotRows = 2, kDotTaps = 5;
+inline constexpr std::size_t kDotRows = 2, kDotTaps = 5, kDotRowsOf6 = 0, kDotTapsOf6 = 1;
 #endif
 
 /// Where tap k reads: A (the weights) at a[k] from its row start, the padded image at b[k].
@@ -235,6 +237,20 @@ HWY_INLINE void ShiftedDotTile(std::size_t vectors, const float* HWY_RESTRICT dy
   }
 }
 
+/// Every (output channel, tap) tile of one image's dot products, RO x RK at a time.
+template <std::size_t RO, std::size_t RK>
+void ShiftedDots(std::size_t vectors, const float* wide, std::size_t row_floats, std::size_t m,
+                 const float* padded, const std::size_t* offsets, std::size_t taps, float* sums) {
+  const std::size_t lanes = hn::Lanes(GemmTag());
+  for (std::size_t o = 0; o < m; o += RO) {
+    for (std::size_t k = 0; k < taps; k += RK) {
+      ShiftedDotTile<RO, RK>(vectors, wide + o * row_floats, row_floats, std::min(RO, m - o),
+                             padded, offsets + k, std::min(RK, taps - k),
+                             sums + (o * taps + k) * lanes, taps * lanes);
+    }
+  }
+}
+
 /// Op::Conv2dGradWeight over shifted rows: dW[o, tap] = sum over images and wide columns of
 /// dy[o] (widened, zero past each row's end) times the tap's window of the padded image. Each
 /// thread keeps a vector of partial sums per dW element; lanes and threads are summed at the
@@ -262,13 +278,15 @@ inline void Conv2dGradWeightShiftedRows(const KernelArgs& args, const ConvGeomet
         CopyFloats(wide + o * row_floats + i * s.width, dyn + (o * g.oh + i) * g.ow, g.ow);
       }
     }
-    for (std::size_t o = 0; o < g.o; o += kDotRows) {
-      for (std::size_t k = 0; k < ckk; k += kDotTaps) {
-        ShiftedDotTile<kDotRows, kDotTaps>(
-            vectors, wide + o * row_floats, row_floats, std::min(kDotRows, g.o - o), padded,
-            at.b + k, std::min(kDotTaps, ckk - k), sums + (o * ckk + k) * lanes, ckk * lanes);
-      }
+    bool by_six = false;
+    if constexpr (kDotRowsOf6 > 0) {
+      by_six = g.o % kDotRowsOf6 == 0 && g.o % kDotRows != 0;
+      if (by_six)
+        ShiftedDots<kDotRowsOf6, kDotTapsOf6>(vectors, wide, row_floats, g.o, padded, at.b, ckk,
+                                              sums);
     }
+    if (!by_six)
+      ShiftedDots<kDotRows, kDotTaps>(vectors, wide, row_floats, g.o, padded, at.b, ckk, sums);
   });
   const EpilogueRunner epilogue(args);
   partials.SumInto(
