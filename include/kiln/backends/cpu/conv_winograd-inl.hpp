@@ -401,8 +401,13 @@ HWY_INLINE void WinogradGradientTile(const float* HWY_RESTRICT tile, std::size_t
 }
 
 /// Rows (input channels) of the weight gradient's GEMM tiles: 8 divides every channel count
-/// the Winograd kernels take, and 8 x 2 vectors of accumulators leave registers for the loads.
+/// the Winograd kernels take, and 8 x 2 vectors of accumulators leave AVX-512 registers for the
+/// loads.
 inline constexpr std::size_t kWinogradWeightMR = 8;
+
+/// Whether the weight gradient's tiles may be two vectors wide: not where 16 accumulators
+/// would fill the register file (AVX2's 16 registers; GCC then kept them on the stack).
+inline constexpr bool kWinogradWeightTwoVectors = 2 * kWinogradWeightMR <= kConvAccumulators;
 
 /// partial[c, 0 : NV vectors] += sum over t < count of v[t][c] * u[t][0 : NV vectors] for the
 /// kWinogradWeightMR channels c from `v`: one tile of one of the 16 products, summed over a
@@ -512,17 +517,19 @@ inline void WinogradWeightGradientKernel(const KernelArgs& args) {
   const float* dy = args.in[1].f32();
   const std::size_t image_in = s.in_h * s.in_w * s.depth, image_out = s.out_h * s.out_w * s.width;
   const PartialWeightGradients partials{args, layout.partial, 1};
-  const std::size_t vectors = ConvTileVectors(s.width) >= 2 ? 2 : 1;
+  const bool two_vectors = ConvTileVectors(s.width) >= 2;
   partials.Accumulate(g.batch, 16 * s.depth * s.width, [&](std::size_t n, float* sum) {
     float* scratch = ThreadScratch(args);
     const float* image = WinogradPatches(s, x + n * image_in, scratch + layout.image);
     float* inputs = scratch + layout.inputs;
     float* gradients = scratch + layout.products;
-    if (vectors == 2) {
-      WinogradWeightImage<2>(s, image, dy + n * image_out, inputs, gradients, sum);
-    } else {
-      WinogradWeightImage<1>(s, image, dy + n * image_out, inputs, gradients, sum);
+    if constexpr (kWinogradWeightTwoVectors) {
+      if (two_vectors) {
+        WinogradWeightImage<2>(s, image, dy + n * image_out, inputs, gradients, sum);
+        return;
+      }
     }
+    WinogradWeightImage<1>(s, image, dy + n * image_out, inputs, gradients, sum);
   });
   float* kernel = reinterpret_cast<float*>(args.workspace) + layout.kernel;
   tbb::parallel_for(std::size_t{0}, s.depth, [&](std::size_t c) {
