@@ -127,9 +127,9 @@ HWY_NOINLINE void ShiftedRowsTileOutOfLine(std::size_t first_tap, std::size_t en
 }
 
 template <std::size_t MR, std::size_t NV>
-HWY_INLINE void ShiftedRowsTileIn(std::size_t first_tap, std::size_t end_tap, const float* a,
-                                  std::size_t lda, std::size_t m, const float* window,
-                                  const TapOffsets& at, float* c, std::size_t ldc) {
+HWY_INLINE void ShiftedRowsImageTile(std::size_t first_tap, std::size_t end_tap, const float* a,
+                                     std::size_t lda, std::size_t m, const float* window,
+                                     const TapOffsets& at, float* c, std::size_t ldc) {
   if constexpr (MR == 8) {
     ShiftedRowsTileOutOfLine<MR, NV>(first_tap, end_tap, a, lda, m, window, at, c, ldc);
   } else {
@@ -165,9 +165,9 @@ void ShiftedRowsImage(const ShiftedRows& s, std::size_t kh, std::size_t m, const
     const std::size_t last = std::min(q + nr, s.columns) - 1;
     const TapRows rows = TapRowsMeetingData(kh, 1, q / s.width, last / s.width, data);
     for (std::size_t r = 0; r < m; r += MR) {
-      ShiftedRowsTileIn<MR, nv>(rows.begin * group, rows.end * group, a + r * lda, lda,
-                                std::min(MR, m - r), padded + q, at, wide + r * row_floats + q,
-                                row_floats);
+      ShiftedRowsImageTile<MR, nv>(rows.begin * group, rows.end * group, a + r * lda, lda,
+                                   std::min(MR, m - r), padded + q, at, wide + r * row_floats + q,
+                                   row_floats);
     }
   }
 }
@@ -286,6 +286,7 @@ inline void Conv2dGradWeightShiftedRows(const KernelArgs& args, const ConvGeomet
   const std::size_t ckk = g.ckk(), pixels = g.pixels(), size = g.o * ckk;
   const std::size_t lanes = hn::Lanes(GemmTag()), row_floats = s.row_floats();
   const std::size_t vectors = (s.columns + lanes - 1) / lanes;
+  const bool by_six = kDotRowsOf6 > 0 && g.o % 6 == 0 && g.o % kDotRows != 0;
   const PartialWeightGradients partials{args, layout.partial, lanes};
   partials.Accumulate(g.batch, size, [&](std::size_t n, float* sums) {
     float* scratch = ThreadScratch(args);
@@ -300,15 +301,14 @@ inline void Conv2dGradWeightShiftedRows(const KernelArgs& args, const ConvGeomet
         CopyFloats(wide + o * row_floats + i * s.width, dyn + (o * g.oh + i) * g.ow, g.ow);
       }
     }
-    bool by_six = false;
     if constexpr (kDotRowsOf6 > 0) {
-      by_six = g.o % kDotRowsOf6 == 0 && g.o % kDotRows != 0;
-      if (by_six)
+      if (by_six) {
         ShiftedDots<kDotRowsOf6, kDotTapsOf6>(vectors, wide, row_floats, g.o, padded, at.b, ckk,
                                               sums);
+        return;
+      }
     }
-    if (!by_six)
-      ShiftedDots<kDotRows, kDotTaps>(vectors, wide, row_floats, g.o, padded, at.b, ckk, sums);
+    ShiftedDots<kDotRows, kDotTaps>(vectors, wide, row_floats, g.o, padded, at.b, ckk, sums);
   });
   const EpilogueRunner epilogue(args);
   partials.SumInto(
