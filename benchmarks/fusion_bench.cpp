@@ -32,9 +32,10 @@ struct Config {
 };
 
 /// The configurations, from the pipeline's own names: every fuse_* pass is fusion, "layout"
-/// is the layout pass, "winograd" the choice of Winograd convolutions, memory planning is the
-/// "schedule" pass and both lowering switches, every other pass is cleanup, and "all off" is every
-/// pass and lowering switch at once. "tuned" is every pass with Tune::quick, tuned afresh in this
+/// is the layout pass with the folding of its reorders into pools ("fold_reorders"), "winograd"
+/// the choice of Winograd convolutions, memory planning is the "schedule" pass and both
+/// lowering switches, every other pass is cleanup, and "all off" is every pass and lowering
+/// switch at once. "tuned" is every pass with Tune::quick, tuned afresh in this
 /// run; "bf16" is every pass with Precision::bf16, where the device has kernels that multiply in
 /// bfloat16.
 std::vector<Config> make_configs(const kiln::Target& target) {
@@ -42,8 +43,8 @@ std::vector<Config> make_configs(const kiln::Target& target) {
   for (const kiln::Pass& p : kiln::default_pipeline) {
     if (p.name.starts_with("fuse_"))
       fusion.emplace_back(p.name);
-    else if (p.name != "layout" && p.name != "winograd" && p.name != "schedule" &&
-             p.name != "inplace")
+    else if (p.name != "layout" && p.name != "fold_reorders" && p.name != "winograd" &&
+             p.name != "schedule" && p.name != "inplace")
       cleanup.emplace_back(p.name);
     everything.emplace_back(p.name);
   }
@@ -51,7 +52,7 @@ std::vector<Config> make_configs(const kiln::Target& target) {
   std::vector<Config> configs = {{"all passes", {}}, {"tuned", {}, true}};
   if (target.bf16_products) configs.push_back({"bf16", {}, false, kiln::Precision::bf16});
   configs.insert(configs.end(), {{"fusion off", fusion},
-                                 {"layout off", {"layout"}},
+                                 {"layout off", {"layout", "fold_reorders"}},
                                  {"winograd off", {"winograd"}},
                                  {"memory planning off", {"schedule", "plan_memory", "inplace"}},
                                  {"cleanup off", cleanup},

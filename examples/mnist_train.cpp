@@ -282,8 +282,9 @@ void explain_decisions(const kiln::Executor& step) {
                 static_cast<double>(d.reorder_bytes) / 1048576.0);
   std::printf("layout transforms inserted:\n");
   for (const kiln::LayoutTransform& t : step.report().transforms)
-    std::printf("  %%%d %s -> %s, %lld elements: %s\n", t.of, t.from.c_str(), t.to.c_str(),
-                static_cast<long long>(t.elements), t.why.c_str());
+    std::printf("  %%%d %s -> %s, %lld elements: %s%s%s\n", t.of, t.from.c_str(), t.to.c_str(),
+                static_cast<long long>(t.elements), t.why.c_str(),
+                t.folded_into.empty() ? "" : "; folded into ", t.folded_into.c_str());
   std::printf("convolution algorithms (Winograd's predicted time over the direct kernel's):\n");
   for (const kiln::AlgorithmDecision& d : step.report().algorithms)
     std::printf("  %s %%%d: %s (%.2f)%s\n", d.op.c_str(), d.node, d.algorithm.c_str(),

@@ -130,8 +130,9 @@ inline std::vector<int> inverted(std::span<const int> perm) {
 } // namespace detail
 
 /// The row's expected output. A node in a channels-last form (a pool or a convolution with its
-/// flag set) is checked against the NCHW reference between reorders: its NHWC operands and
-/// packed weight are put back to NCHW and OIHW, the reference's result to NHWC.
+/// flag set, an average pool with either side NHWC) is checked against the NCHW reference
+/// between reorders: its NHWC operands and packed weight are put back to NCHW and OIHW, the
+/// reference's result to NHWC.
 inline std::vector<float> expected(const OpRow& row, const std::vector<Values>& values,
                                    const TensorType& out) {
   const OpInfo& info = op_info(row.op);
@@ -159,6 +160,16 @@ inline std::vector<float> expected(const OpRow& row, const std::vector<Values>& 
       shapes[k] = permuted(shapes[k], back);
     }
     nhwc_output = pool || form.nhwc_output;
+    if (nhwc_output) out_shape = permuted(out_shape, nhwc_to_nchw);
+  } else {
+    // Ports whose layout the attributes set one by one (an average pool's two sides).
+    for (std::size_t k = 0; k < in.size(); ++k) {
+      if (shapes[k].rank() != 4 || !info.port_channels_last(row.attrs, static_cast<int>(k)))
+        continue;
+      in[k].f32 = ref::transposed(in[k].f32, shapes[k], nhwc_to_nchw);
+      shapes[k] = permuted(shapes[k], nhwc_to_nchw);
+    }
+    nhwc_output = out_shape.rank() == 4 && info.port_channels_last(row.attrs, -1);
     if (nhwc_output) out_shape = permuted(out_shape, nhwc_to_nchw);
   }
   std::vector<float> want = reference(RefCall{in, shapes, out_shape, row.attrs});

@@ -451,6 +451,21 @@ inline void add_pool_channels_last(std::vector<OpRow>& out, const Pool& p) {
   out.push_back({Op::MaxPool2dGrad, {in(x, tied()), in(y)}, a, 1e-6});
 }
 
+/// Average pooling and its gradient in the other layouts: both sides channels-last, and the
+/// pooled side (y, dy) in the other layout from the unpooled one (x, dx), which fold_reorders
+/// makes.
+inline void add_avg_pool_other_layouts(std::vector<OpRow>& out, const Pool& p, bool gradient) {
+  const Shape nchw_x{p.n, p.c, p.h, p.w}, nchw_y{p.n, p.c, p.out(p.h), p.out(p.w)};
+  for (const auto& [channels_last, flip] : {std::pair{true, false}, {false, true}, {true, true}}) {
+    Pool2dAttrs a = p.attrs(channels_last);
+    a.flip_pooled_layout = flip;
+    const Shape x = channels_last ? permuted(nchw_x, nchw_to_nhwc) : nchw_x;
+    const Shape y = a.pooled_channels_last() ? permuted(nchw_y, nchw_to_nhwc) : nchw_y;
+    out.push_back({Op::AvgPool2d, {in(x)}, a, 1e-5, gradient});
+    out.push_back({Op::AvgPool2dGrad, {in(y)}, a, 1e-5, gradient});
+  }
+}
+
 inline void add_pools(std::vector<OpRow>& out) {
   // Odd sizes, size-1 dims, stride != kernel, padding 1, 2x2/stride-2 fast paths, rows both
   // narrower and wider than a 16-lane vector; 2x2 over even planes by blocks of row pairs
@@ -485,6 +500,18 @@ inline void add_pools(std::vector<OpRow>& out) {
   out.push_back({Op::MaxPool2d, {in({2, 5, 5, 3}, distinct())}, nhwc.attrs(true), 0.0, true});
   out.push_back({Op::AvgPool2d, {in({2, 2, 5, 5})}, three.attrs(false), 1e-5, true});
   out.push_back({Op::AvgPool2dGrad, {in({2, 2, 3, 3})}, three.attrs(false), 1e-5, true});
+  // LeNet's two pools; odd sizes (the last row and column uncovered), padding with overlapping
+  // windows, stride 1, channels that leave a vector's tail; a wide plane past the row-pair
+  // buffer.
+  for (const Pool& p : std::vector<Pool>{{3, 6, 28, 28, 2, 2, 0},
+                                         {2, 16, 10, 10, 2, 2, 0},
+                                         {2, 3, 5, 7, 2, 2, 0},
+                                         {2, 5, 7, 9, 3, 2, 1},
+                                         {1, 17, 6, 6, 2, 1, 0},
+                                         {1, 20, 13, 13, 5, 2, 2},
+                                         {1, 2, 4, 1100, 2, 2, 0}})
+    add_avg_pool_other_layouts(out, p, false);
+  add_avg_pool_other_layouts(out, three, true);
 }
 
 /// Log-softmax over the last axis (wide logits check the max shift keeps exp finite), its

@@ -75,14 +75,38 @@ TEST_CASE("maxpool channels-last: shape inference, printing and errors") {
           (void)kiln::max_pool2d(g.input("small", {1, 1, 1, 8}),
                                  {.kernel = 2, .channels_last = true});
         }) == "kiln.verify.shape");
-  const std::string msg =
-      error_message([&] { (void)kiln::avg_pool2d(x, {.kernel = 2, .channels_last = true}); });
+  Pool2dAttrs flipped = attrs;
+  flipped.flip_pooled_layout = true;
+  const std::string msg = error_message([&] { (void)append(g, Op::MaxPool2d, {x.id}, flipped); });
   CHECK(msg.rfind("[kiln.verify.attr] node %", 0) == 0);
-  CHECK(msg.find("avgpool2d(") != std::string::npos);
-  CHECK(msg.find("channels_last") != std::string::npos);
-  Pool2dAttrs nhwc_avg{2, 2, 0, 4, 4};
-  nhwc_avg.channels_last = true;
-  CHECK(error_code([&] {
-          (void)kiln::avg_pool2d_grad(g.input("dy", {1, 2, 2, 1}), nhwc_avg);
-        }) == "kiln.verify.attr");
+  CHECK(msg.find("maxpool2d(") != std::string::npos);
+  CHECK(msg.find("flip_pooled_layout") != std::string::npos);
+  CHECK(error_code([&] { (void)kiln::max_pool2d_grad(x, y, flipped); }) == "kiln.verify.attr");
+}
+
+TEST_CASE("avgpool in other layouts: each side's shape follows its own layout") {
+  kiln::Graph g;
+  auto x = g.input("x", {2, 5, 7, 3}); // NHWC
+  auto y = kiln::avg_pool2d(x, {.kernel = 2, .channels_last = true});
+  CHECK(y.shape() == Shape{2, 2, 3, 3});
+  Pool2dAttrs a = std::get<Pool2dAttrs>(g.node(y.id).attrs);
+  CHECK(kiln::avg_pool2d_grad(y, a).shape() == x.shape());
+  const kiln::OpInfo& pool = kiln::op_info(Op::AvgPool2d);
+  CHECK(pool.port_channels_last(a, 0));
+  CHECK(pool.port_channels_last(a, -1));
+  // The pooled side read back as NCHW: x stays NHWC, y is [N, C, OH, OW].
+  const Attrs flipped = pool.port_layout_attrs(a, -1, false);
+  CHECK(std::get<Pool2dAttrs>(flipped).flip_pooled_layout);
+  CHECK(pool.port_channels_last(flipped, 0));
+  CHECK(!pool.port_channels_last(flipped, -1));
+  auto y_nchw = append(g, Op::AvgPool2d, {x.id}, flipped);
+  CHECK(y_nchw.shape() == Shape{2, 3, 2, 3});
+  CHECK(kiln::node_text(g, y_nchw.id).find("nhwc, pooled nchw}") != std::string::npos);
+  // Its gradient reads dy NCHW and writes dx NHWC; flipping both ports back gives NCHW.
+  CHECK(kiln::avg_pool2d_grad(y_nchw, std::get<Pool2dAttrs>(flipped)).shape() == x.shape());
+  const kiln::OpInfo& grad = kiln::op_info(Op::AvgPool2dGrad);
+  const Attrs back = grad.port_layout_attrs(grad.port_layout_attrs(flipped, -1, false), 0, false);
+  CHECK(back == Attrs{Pool2dAttrs{2, 2, 0, 5, 7}});
+  // Ops whose attributes cannot place a port say so by returning them unchanged.
+  CHECK(kiln::op_info(Op::MaxPool2d).port_layout_attrs(a, -1, false) == Attrs{a});
 }

@@ -174,3 +174,66 @@ TEST_CASE("layout: NHWC results equal NCHW ones, forward and a training step's g
     }
   }
 }
+
+TEST_CASE("fold_reorders: LeNet-5's reorders fold into its average pools, with the same losses") {
+  const std::vector<float> images = kiln::test::random_inputs(16 * 784, 8);
+  std::vector<std::int32_t> labels(16);
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i % 10);
+  std::vector<float> losses[2];
+  for (int off = 0; off < 2; ++off) {
+    kiln::nn::manual_seed(4);
+    kiln::nn::Sequential net = kiln::nn::models::lenet5();
+    kiln::Graph g;
+    auto x = g.input("x", {16, 1, 28, 28});
+    auto y = g.input("y", {16}, kiln::i32);
+    auto loss = kiln::softmax_cross_entropy(net(x), y);
+    (void)kiln::train_step(loss, net.parameters(), kiln::optim::SGD{.lr = 0.05f, .momentum = 0.9f});
+    auto exe = kiln::compile(g, {.threads = 2,
+                                 .disable = off ? std::vector<std::string>{"fold_reorders"}
+                                                : std::vector<std::string>{}});
+    int activation_reorders = 0, folded = 0;
+    for (const kiln::PlanStep& s : exe.plan().steps)
+      activation_reorders += s.op == kiln::Op::Transpose && s.output.shape[0] == 16;
+    for (const kiln::LayoutTransform& t : exe.report().transforms)
+      if (!t.folded_into.empty()) {
+        ++folded;
+        CHECK(t.folded_into.starts_with("avgpool2d"));
+      }
+    // The four reorders at the pools: pool 1's result and the gradient that reaches it,
+    // conv 2's activations into pool 2 and their gradient.
+    CHECK(activation_reorders == (off ? 4 : 0));
+    CHECK(folded == (off ? 0 : 4));
+    if (!off) CHECK(exe.report().pass("fold_reorders")->changed);
+    exe.set_input("x", images);
+    exe.set_input("y", labels);
+    for (int step = 0; step < 4; ++step) {
+      exe.run();
+      losses[off].push_back(exe.scalar(loss));
+    }
+  }
+  // The pools sum as the NCHW kernels do: the same losses, bit for bit.
+  CHECK(losses[0] == losses[1]);
+}
+
+TEST_CASE("fold_reorders: a target without the folded pool's kernel keeps the reorder") {
+  const auto build = [](kiln::Graph& g) {
+    auto pooled = kiln::avg_pool2d(g.input("x", {2, 3, 8, 8}), {.kernel = 2});
+    g.mark_output(kiln::transpose(pooled, {0, 2, 3, 1}));
+  };
+  kiln::PassContext ctx = cpu_context();
+  kiln::Graph folded;
+  build(folded);
+  CHECK(kiln::fold_reorders(folded, ctx).changed);
+  CHECK(kiln::to_text(folded) ==
+        "%0 = input \"x\" : f32[2,3,8,8]\n"
+        "%1 = avgpool2d(%0) {kernel=2, stride=2, pad=0, pooled nhwc} : f32[2,4,4,3]\n"
+        "outputs: %1\n");
+  ctx.target.has_kernel = [](const kiln::KernelQuery& q) {
+    return !std::get<kiln::Pool2dAttrs>(*q.attrs).flip_pooled_layout;
+  };
+  kiln::Graph kept, original;
+  build(kept);
+  build(original);
+  CHECK(!kiln::fold_reorders(kept, ctx).changed);
+  CHECK(kiln::to_text(kept) == kiln::to_text(original));
+}

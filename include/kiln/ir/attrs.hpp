@@ -167,14 +167,19 @@ struct Conv2dAttrs {
 /// Square pooling window. Padding for max pooling counts as -inf, for average pooling the
 /// divisor is always kernel*kernel (PyTorch's count_include_pad=true).
 /// `input_h/input_w` record the input size, which avgpool2d_grad must reproduce.
-/// `channels_last` (max pooling only, set by the layout pass): input and output are
-/// [N, H, W, C] instead of [N, C, H, W].
+/// `channels_last`: the unpooled tensor (a pool's x, its gradient's dx) is [N, H, W, C]
+/// instead of [N, C, H, W]; the layout pass sets it on max pools. `flip_pooled_layout`: the
+/// pooled tensor (y, dy) is in the other layout from the unpooled one; set on average pools by
+/// fold_reorders, which so folds a reorder beside the pool into it.
 struct Pool2dAttrs {
   int kernel = 2;
   int stride = 2;
   int padding = 0;
   std::int64_t input_h = 0, input_w = 0;
   bool channels_last = false;
+  bool flip_pooled_layout = false;
+  /// Whether the pooled tensor (y, dy) is [N, OH, OW, C].
+  [[nodiscard]] bool pooled_channels_last() const { return channels_last != flip_pooled_layout; }
   friend bool operator==(const Pool2dAttrs&, const Pool2dAttrs&) = default;
 };
 

@@ -74,7 +74,8 @@ inline std::string attr_text(const Conv2dAttrs& a) {
 }
 inline std::string attr_text(const Pool2dAttrs& a) {
   return " {kernel=" + std::to_string(a.kernel) + ", stride=" + std::to_string(a.stride) +
-         ", pad=" + std::to_string(a.padding) + (a.channels_last ? ", nhwc" : "") + "}";
+         ", pad=" + std::to_string(a.padding) + (a.channels_last ? ", nhwc" : "") +
+         (a.flip_pooled_layout ? (a.channels_last ? ", pooled nchw" : ", pooled nhwc") : "") + "}";
 }
 inline std::string attr_text(const DropoutAttrs& a) {
   return " {p=" + float_text(a.p) + ", seed=" + std::to_string(a.seed) + "}";

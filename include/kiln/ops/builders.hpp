@@ -59,8 +59,8 @@ Value conv2d_grad_input(Value dy, Value w, const Conv2dAttrs& attrs);
 Value conv2d_grad_weight(Value x, Value dy, const Conv2dAttrs& attrs);
 
 // pooling (ops/pool.hpp)
-/// Pooling options; stride 0 means stride = kernel. `channels_last`: x is [N, H, W, C]
-/// (max pooling only).
+/// Pooling options; stride 0 means stride = kernel. `channels_last`: x is [N, H, W, C], and
+/// so is the pooled result.
 struct Pool2dOptions {
   int kernel = 2;
   int stride = 0;

@@ -181,6 +181,12 @@ struct OpDefaults {
   /// Its attributes in the channels-last form the layout pass makes (LayoutRule other than
   /// nchw): a flag set, a target shape permuted.
   static Attrs channels_last_attrs(const Attrs& attrs) { return attrs; }
+  /// Its attributes with the rank-4 activation at `port` (an input, or -1 for the output)
+  /// stored channels-last or NCHW, the other ports as they are: how fold_reorders lets it read
+  /// or write a layout itself. The same attributes where its attributes cannot say that.
+  static Attrs port_layout_attrs(const Attrs& attrs, int /*port*/, bool /*channels_last*/) {
+    return attrs;
+  }
   /// Floating-point operations of one call, what the profiler divides by time: by default
   /// one per output element, right for elementwise ops.
   static std::int64_t flops(const CostContext& c) { return c.out.numel(); }

@@ -1,5 +1,5 @@
-// Max and average pooling (square windows), their gradients, global average pooling. Max
-// pooling also runs channels-last (NHWC); average pooling is NCHW only.
+// Max and average pooling (square windows), their gradients, global average pooling. Both
+// also run channels-last (NHWC); average pooling can also read one layout and write the other.
 #pragma once
 
 #include "kiln/ops/builders.hpp"
@@ -8,7 +8,8 @@
 namespace kiln {
 
 namespace detail {
-/// The pooled shape of x: [N,C,OH,OW], or [N,OH,OW,C] when channels_last.
+/// The pooled shape of x ([N,C,H,W], or [N,H,W,C] when channels_last): [N,C,OH,OW], or
+/// [N,OH,OW,C] when the pooled tensor is channels-last.
 inline Shape pool_output(const InferContext& c, const Shape& x) {
   const auto& a = c.attr<Pool2dAttrs>();
   if (a.kernel < 1 || a.stride < 1 || a.padding < 0 || 2 * a.padding > a.kernel)
@@ -19,17 +20,19 @@ inline Shape pool_output(const InferContext& c, const Shape& x) {
            "window " + std::to_string(a.kernel) + " is larger than the (padded) input");
   const std::int64_t oh = (x[h] + 2 * a.padding - a.kernel) / a.stride + 1;
   const std::int64_t ow = (x[h + 1] + 2 * a.padding - a.kernel) / a.stride + 1;
-  return a.channels_last ? Shape{x[0], oh, ow, x[3]} : Shape{x[0], x[1], oh, ow};
+  const std::int64_t channels = a.channels_last ? x[3] : x[1];
+  return a.pooled_channels_last() ? Shape{x[0], oh, ow, channels} : Shape{x[0], channels, oh, ow};
 }
 inline TensorType infer_pool(const InferContext& c) {
   c.expect_dtype(0, DType::f32);
   c.expect_rank(0, 4);
   return TensorType{pool_output(c, c.in(0).shape), DType::f32};
 }
-/// Average pooling has NCHW kernels only.
-inline void expect_nchw(const InferContext& c) {
-  if (c.attr<Pool2dAttrs>().channels_last)
-    c.fail(errc::attr, "average pooling is NCHW only (channels_last is not supported)");
+/// Max pooling reads and writes one layout.
+inline void expect_one_layout(const InferContext& c) {
+  if (c.attr<Pool2dAttrs>().flip_pooled_layout)
+    c.fail(errc::attr, "max pooling reads and writes one layout (flip_pooled_layout is for "
+                       "average pooling)");
 }
 inline Pool2dAttrs pool_attrs(Value x, Pool2dOptions o) {
   Pool2dAttrs a{o.kernel, o.stride > 0 ? o.stride : o.kernel, o.padding, 0, 0, o.channels_last};
@@ -58,7 +61,10 @@ template <> struct OpDef<Op::MaxPool2d> : MaxPoolDefaults {
     const int k = std::get<Pool2dAttrs>(c.attrs).kernel;
     return c.out.numel() * k * k;
   }
-  static TensorType infer(const InferContext& c) { return detail::infer_pool(c); }
+  static TensorType infer(const InferContext& c) {
+    detail::expect_one_layout(c);
+    return detail::infer_pool(c);
+  }
   static void grad(GradContext& c) {
     c.dx[0] = max_pool2d_grad(c.in(0), c.dy, c.attr<Pool2dAttrs>());
   }
@@ -73,6 +79,7 @@ template <> struct OpDef<Op::MaxPool2dGrad> : MaxPoolDefaults {
     c.expect_dtype(0, DType::f32);
     c.expect_dtype(1, DType::f32);
     c.expect_rank(0, 4);
+    detail::expect_one_layout(c);
     const Shape want = detail::pool_output(c, c.in(0).shape);
     if (!(c.in(1).shape == want))
       c.fail(errc::shape,
@@ -88,34 +95,46 @@ template <> struct OpDef<Op::MaxPool2dGrad> : MaxPoolDefaults {
   }
 };
 
-template <> struct OpDef<Op::AvgPool2d> : OpDefaults {
+/// Average pooling and its gradient store each side in either layout: the unpooled tensor
+/// (x, dx) at port kUnpooled, the pooled one (y, dy) at the other.
+template <int kUnpooled> struct AvgPoolDefaults : OpDefaults {
+  static Attrs port_layout_attrs(const Attrs& attrs, int port, bool channels_last) {
+    Pool2dAttrs a = std::get<Pool2dAttrs>(attrs);
+    bool pooled = a.pooled_channels_last();
+    (port == kUnpooled ? a.channels_last : pooled) = channels_last;
+    a.flip_pooled_layout = a.channels_last != pooled;
+    return a;
+  }
+};
+
+template <> struct OpDef<Op::AvgPool2d> : AvgPoolDefaults<0> {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::reduction;
   static std::int64_t flops(const CostContext& c) {
     const int k = std::get<Pool2dAttrs>(c.attrs).kernel;
     return c.out.numel() * k * k;
   }
-  static TensorType infer(const InferContext& c) {
-    detail::expect_nchw(c);
-    return detail::infer_pool(c);
-  }
+  static TensorType infer(const InferContext& c) { return detail::infer_pool(c); }
   static void grad(GradContext& c) { c.dx[0] = avg_pool2d_grad(c.dy, c.attr<Pool2dAttrs>()); }
 };
 
 /// dx = avg_pool2d_grad(dy): each dy / kernel² spread over its window.
-template <> struct OpDef<Op::AvgPool2dGrad> : OpDefaults {
+template <> struct OpDef<Op::AvgPool2dGrad> : AvgPoolDefaults<-1> {
   static constexpr int arity = 1;
   static constexpr FusionKind kind = FusionKind::opaque;
   static TensorType infer(const InferContext& c) {
-    detail::expect_nchw(c);
+    c.expect_dtype(0, DType::f32);
     c.expect_rank(0, 4);
     const auto& a = c.attr<Pool2dAttrs>();
     const Shape& dy = c.in(0).shape;
-    return TensorType{Shape{dy[0], dy[1], a.input_h, a.input_w}, DType::f32};
+    const std::int64_t channels = a.pooled_channels_last() ? dy[3] : dy[1];
+    const Shape dx = a.channels_last ? Shape{dy[0], a.input_h, a.input_w, channels}
+                                     : Shape{dy[0], channels, a.input_h, a.input_w};
+    return TensorType{dx, DType::f32};
   }
+  /// The same window pools the unpooled-side gradient back into dy's layout.
   static void grad(GradContext& c) {
-    c.dx[0] = avg_pool2d(c.dy, {c.attr<Pool2dAttrs>().kernel, c.attr<Pool2dAttrs>().stride,
-                                c.attr<Pool2dAttrs>().padding});
+    c.dx[0] = append(c.graph, Op::AvgPool2d, {c.dy.id}, c.attr<Pool2dAttrs>());
   }
 };
 

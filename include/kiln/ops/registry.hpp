@@ -37,9 +37,16 @@ struct OpInfo {
   GradFn grad = nullptr; ///< nullptr: not differentiable
   int (*overwritable_input)(const Attrs&) = nullptr;
   Attrs (*channels_last_attrs)(const Attrs&) = nullptr;
+  Attrs (*port_layout_attrs)(const Attrs&, int port, bool channels_last) = nullptr;
   FlopsFn flops = nullptr;
   FlopsFn column_matrix_bytes = nullptr;
 
+  /// Whether its attributes store the rank-4 activation at `port` (an input, or -1 for the
+  /// output) channels-last, by port_layout_attrs.
+  [[nodiscard]] bool port_channels_last(const Attrs& attrs, int port) const {
+    return port_layout_attrs(attrs, port, true) == attrs &&
+           !(port_layout_attrs(attrs, port, false) == attrs);
+  }
   /// Its value lives in input 0's memory: a view, or an update's param.
   [[nodiscard]] bool aliases_input() const { return is_view || role == OpRole::update; }
   /// Has no inputs and is typed when made: a graph input or a param.
@@ -72,6 +79,7 @@ template <Op op> constexpr OpInfo make_op_info() {
   info.grad = D::grad;
   info.overwritable_input = &D::overwritable_input;
   info.channels_last_attrs = &D::channels_last_attrs;
+  info.port_layout_attrs = &D::port_layout_attrs;
   info.flops = &D::flops;
   info.column_matrix_bytes = &D::column_matrix_bytes;
   return info;

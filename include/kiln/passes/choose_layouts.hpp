@@ -344,10 +344,12 @@ private:
     const Shape s = out_.node(from).type.shape;
     if (is_free(s, perm))
       return append(out_, Op::Reshape, {from}, ShapeAttrs{permuted(s, perm)}).id;
-    ctx_.report.transforms.push_back(
-        {of, std::string(from_name), std::string(to_name), s.numel(), why});
     result_.count("reorders");
-    return append(out_, Op::Transpose, {from}, TransposeAttrs{{perm.begin(), perm.end()}}).id;
+    const ValueId made =
+        append(out_, Op::Transpose, {from}, TransposeAttrs{{perm.begin(), perm.end()}}).id;
+    ctx_.report.transforms.push_back(
+        {of, std::string(from_name), std::string(to_name), s.numel(), why, made, {}});
+    return made;
   }
   [[nodiscard]] std::string reader(ValueId c) const {
     return "read by " + std::string(op_name(g_.node(c).op)) + " %" + std::to_string(c);

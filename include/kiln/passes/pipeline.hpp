@@ -11,6 +11,7 @@
 #include "kiln/passes/eliminate_common_subexpressions.hpp"
 #include "kiln/passes/eliminate_dead_nodes.hpp"
 #include "kiln/passes/fold_constants.hpp"
+#include "kiln/passes/fold_reorders.hpp"
 #include "kiln/passes/fuse_elementwise.hpp"
 #include "kiln/passes/fuse_epilogue.hpp"
 #include "kiln/passes/fuse_loss.hpp"
@@ -25,12 +26,12 @@ namespace kiln {
 /// before cse, so rewritten forms merge); dead nodes go before fusion so that no group is
 /// grown around a value nobody needs (the pool gradient a moved mask no longer reads among
 /// them). Layouts are chosen before fusion, so that fused kernels run in the layout their
-/// anchors read and write; convolution algorithms right after, since only channels-last
-/// convolutions have Winograd kernels. Elementwise chains fuse before epilogues, so that a
-/// whole chain (bias, relu; or an optimizer update) becomes one anchor's epilogue; sums then
-/// take in the chains left over that only they read. The
-/// schedule orders the kernels that fusion left, and in-place reuse, which decides by that
-/// order, comes last.
+/// anchors read and write; the reorders they insert fold into the pools beside them at once,
+/// while the layout pass's record of them still names them; convolution algorithms next, since
+/// only channels-last convolutions have Winograd kernels. Elementwise chains fuse before epilogues,
+/// so that a whole chain (bias, relu; or an optimizer update) becomes one anchor's epilogue; sums
+/// then take in the chains left over that only they read. The schedule orders the kernels that
+/// fusion left, and in-place reuse, which decides by that order, comes last.
 inline constexpr std::array default_pipeline = {
     Pass{"fold", &fold_constants},
     Pass{"canonicalize", &canonicalize},
@@ -38,6 +39,7 @@ inline constexpr std::array default_pipeline = {
     Pass{"mask_through_pool", &move_masks_through_pools},
     Pass{"dce", &eliminate_dead_nodes},
     Pass{"layout", &choose_layouts},
+    Pass{"fold_reorders", &fold_reorders},
     Pass{"winograd", &choose_conv_algorithms},
     Pass{"fuse_elementwise", &fuse_elementwise},
     Pass{"fuse_epilogue", &fuse_epilogue},

@@ -101,6 +101,8 @@ struct LayoutTransform {
   std::string from, to;
   std::int64_t elements = 0;
   std::string why;
+  ValueId reorder = -1;    ///< the transpose it made, in the graph it returned
+  std::string folded_into; ///< the op that now reorders as it reads or writes (fold_reorders)
 };
 
 /// One candidate of a tuned decision: the cost model's time for the kernels it changes, and the

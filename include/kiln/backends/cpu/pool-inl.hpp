@@ -1,5 +1,6 @@
-// Per-target pool kernels; re-included once per Highway target by implementation.hpp. Max
-// pooling and its gradient also run channels-last (Pool2dAttrs::channels_last).
+// Per-target pool kernels; re-included once per Highway target by implementation.hpp. Pools
+// and their gradients also run channels-last (Pool2dAttrs::channels_last), and average pools
+// also read one layout and write the other (Pool2dAttrs::flip_pooled_layout).
 #if defined(KILN_CPU_POOL_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KILN_CPU_POOL_INL_H_
 #undef KILN_CPU_POOL_INL_H_
@@ -19,7 +20,9 @@
 
 #include "kiln/backends/cpu/elementwise-inl.hpp"
 #include "kiln/backends/cpu/kernel_table.hpp"
+#include "kiln/backends/cpu/transpose-inl.hpp"
 #include "kiln/backends/cpu/variants.hpp"
+#include "kiln/backends/cpu/workspace.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::HWY_NAMESPACE {
@@ -176,59 +179,81 @@ template <class F> inline void ForEachRowPairBlock(const Geometry& g, const F& b
                     });
 }
 
-/// Max (or mean) pooling 2x2 by row pairs: first the horizontal pairs of the whole block,
-/// contiguous whatever the rows (W is even), with whole vectors; then each output row from its
-/// two rows of pair results.
-template <bool kMax> inline void PoolRowPairs(const float* x, float* y, const Geometry& g) {
-  ForEachRowPairBlock(g, [&](std::int64_t first, std::int64_t count) HWY_ATTR {
-    alignas(64) float pairs[kPairRowsFloats];
-    const float* in = x + 2 * first * g.W;
-    const std::int64_t n = count * g.W; // pair results: 2 * count rows of OW
-    const hn::ScalableTag<float> d;
-    const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
-    std::int64_t i = 0;
-    for (; i + lanes <= n; i += lanes) {
-      hn::Vec<decltype(d)> even, odd;
-      hn::LoadInterleaved2(d, in + 2 * i, even, odd);
-      hn::Store(kMax ? MaxKeepingNaN(even, odd) : hn::Add(even, odd), d, pairs + i);
-    }
-    for (; i < n; ++i)
-      pairs[i] = kMax ? max_keeping_nan(in[2 * i], in[2 * i + 1]) : in[2 * i] + in[2 * i + 1];
-    float* out = y + first * g.OW;
-    for (std::int64_t r = 0; r < count; ++r) {
-      const float* top = pairs + 2 * r * g.OW;
-      const float* bottom = top + g.OW;
-      for (std::int64_t j = 0; j < g.OW; ++j)
-        out[r * g.OW + j] =
-            kMax ? max_keeping_nan(top[j], bottom[j]) : 0.25f * (top[j] + bottom[j]);
-    }
-  });
+/// Max (or mean) pooling 2x2 of `count` row pairs from output row `first` on: first the
+/// horizontal pairs of the whole block, contiguous whatever the rows (W is even), with whole
+/// vectors; then each output row from its two rows of pair results.
+template <bool kMax>
+inline void PoolRowPairBlock(const float* x, float* y, const Geometry& g, std::int64_t first,
+                             std::int64_t count) {
+  alignas(64) float pairs[kPairRowsFloats];
+  const float* in = x + 2 * first * g.W;
+  const std::int64_t n = count * g.W; // pair results: 2 * count rows of OW
+  const hn::ScalableTag<float> d;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::Vec<decltype(d)> even, odd;
+    hn::LoadInterleaved2(d, in + 2 * i, even, odd);
+    hn::Store(kMax ? MaxKeepingNaN(even, odd) : hn::Add(even, odd), d, pairs + i);
+  }
+  for (; i < n; ++i)
+    pairs[i] = kMax ? max_keeping_nan(in[2 * i], in[2 * i + 1]) : in[2 * i] + in[2 * i + 1];
+  float* out = y + first * g.OW;
+  for (std::int64_t r = 0; r < count; ++r) {
+    const float* top = pairs + 2 * r * g.OW;
+    const float* bottom = top + g.OW;
+    for (std::int64_t j = 0; j < g.OW; ++j)
+      out[r * g.OW + j] = kMax ? max_keeping_nan(top[j], bottom[j]) : 0.25f * (top[j] + bottom[j]);
+  }
 }
 
-/// avgpool2d_grad 2x2 by row pairs: each dy row, scaled, fills its two rows of pair values,
-/// then the whole block of dx is written as interleaved pairs with whole vectors.
+/// Max (or mean) pooling 2x2 by blocks of row pairs, in parallel.
+template <bool kMax> inline void PoolRowPairs(const float* x, float* y, const Geometry& g) {
+  ForEachRowPairBlock(g, [&](std::int64_t first, std::int64_t count)
+                             HWY_ATTR { PoolRowPairBlock<kMax>(x, y, g, first, count); });
+}
+
+/// avgpool2d_grad 2x2 of `count` row pairs from dy row `first` on: each dy row, scaled, fills
+/// its two rows of pair values, then the whole block of dx is written as interleaved pairs
+/// with whole vectors.
+inline void AvgPoolGradRowPairBlock(const float* dy, float* dx, const Geometry& g,
+                                    std::int64_t first, std::int64_t count) {
+  alignas(64) float pairs[kPairRowsFloats];
+  const float* in = dy + first * g.OW;
+  for (std::int64_t r = 0; r < count; ++r) {
+    for (std::int64_t j = 0; j < g.OW; ++j) {
+      const float v = 0.25f * in[r * g.OW + j];
+      pairs[2 * r * g.OW + j] = v;
+      pairs[(2 * r + 1) * g.OW + j] = v;
+    }
+  }
+  float* out = dx + 2 * first * g.W;
+  const std::int64_t n = count * g.W;
+  const hn::ScalableTag<float> d;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::Load(d, pairs + i);
+    hn::StoreInterleaved2(v, v, d, out + 2 * i);
+  }
+  for (; i < n; ++i) out[2 * i] = out[2 * i + 1] = pairs[i];
+}
+
+/// avgpool2d_grad 2x2 by blocks of row pairs, in parallel.
 inline void AvgPoolGradRowPairs(const float* dy, float* dx, const Geometry& g) {
-  ForEachRowPairBlock(g, [&](std::int64_t first, std::int64_t count) HWY_ATTR {
-    alignas(64) float pairs[kPairRowsFloats];
-    const float* in = dy + first * g.OW;
-    for (std::int64_t r = 0; r < count; ++r) {
-      for (std::int64_t j = 0; j < g.OW; ++j) {
-        const float v = 0.25f * in[r * g.OW + j];
-        pairs[2 * r * g.OW + j] = v;
-        pairs[(2 * r + 1) * g.OW + j] = v;
-      }
-    }
-    float* out = dx + 2 * first * g.W;
-    const std::int64_t n = count * g.W;
-    const hn::ScalableTag<float> d;
-    const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
-    std::int64_t i = 0;
-    for (; i + lanes <= n; i += lanes) {
-      const auto v = hn::Load(d, pairs + i);
-      hn::StoreInterleaved2(v, v, d, out + 2 * i);
-    }
-    for (; i < n; ++i) out[2 * i] = out[2 * i + 1] = pairs[i];
-  });
+  ForEachRowPairBlock(g, [&](std::int64_t first, std::int64_t count)
+                             HWY_ATTR { AvgPoolGradRowPairBlock(dy, dx, g, first, count); });
+}
+
+/// PoolPlane for the geometry's stride.
+template <bool kMax> inline void PoolAnyPlane(const float* x, float* y, const Geometry& g) {
+  if (g.s == 1) {
+    PoolPlane<kMax, 1>(x, y, g);
+  } else if (g.s == 2) {
+    PoolPlane<kMax, 2>(x, y, g);
+  } else {
+    PoolPlane<kMax, 0>(x, y, g);
+  }
 }
 
 template <bool kMax> inline void PoolForward(const KernelArgs& args) {
@@ -242,13 +267,7 @@ template <bool kMax> inline void PoolForward(const KernelArgs& args) {
   }
   const std::int64_t in_plane = g.H * g.W, out_plane = g.OH * g.OW;
   ForEachPlane(g, out_plane * g.k * g.k, [&](std::int64_t c) HWY_ATTR {
-    if (g.s == 1) {
-      PoolPlane<kMax, 1>(x + c * in_plane, y + c * out_plane, g);
-    } else if (g.s == 2) {
-      PoolPlane<kMax, 2>(x + c * in_plane, y + c * out_plane, g);
-    } else {
-      PoolPlane<kMax, 0>(x + c * in_plane, y + c * out_plane, g);
-    }
+    PoolAnyPlane<kMax>(x + c * in_plane, y + c * out_plane, g);
   });
 }
 
@@ -446,6 +465,19 @@ template <int S> inline void AvgPoolGradPlane(const float* dy, float* dx, const 
   }
 }
 
+/// dx of one plane from its dy, by the geometry's kernel for it.
+inline void AvgPoolGradAnyPlane(const float* dy, float* dx, const Geometry& g) {
+  if (g.k == 2 && g.s == 2 && g.p == 0) {
+    AvgPoolGradPlane2x2(dy, dx, g);
+  } else if (g.s == 1) {
+    AvgPoolGradPlane<1>(dy, dx, g);
+  } else if (g.s == 2) {
+    AvgPoolGradPlane<2>(dy, dx, g);
+  } else {
+    AvgPoolGradPlane<0>(dy, dx, g);
+  }
+}
+
 inline void AvgPoolGrad(const KernelArgs& args) {
   const auto& a = *std::get_if<Pool2dAttrs>(args.attrs);
   const Geometry g = MakeGeometry(args.out.shape, args.in[0].shape, a);
@@ -458,17 +490,7 @@ inline void AvgPoolGrad(const KernelArgs& args) {
   }
   const std::int64_t in_plane = g.H * g.W, out_plane = g.OH * g.OW;
   ForEachPlane(g, out_plane * g.k * g.k + in_plane, [&](std::int64_t c) HWY_ATTR {
-    const float* dyc = dy + c * out_plane;
-    float* dxc = dx + c * in_plane;
-    if (g.k == 2 && g.s == 2 && g.p == 0) {
-      AvgPoolGradPlane2x2(dyc, dxc, g);
-    } else if (g.s == 1) {
-      AvgPoolGradPlane<1>(dyc, dxc, g);
-    } else if (g.s == 2) {
-      AvgPoolGradPlane<2>(dyc, dxc, g);
-    } else {
-      AvgPoolGradPlane<0>(dyc, dxc, g);
-    }
+    AvgPoolGradAnyPlane(dy + c * out_plane, dx + c * in_plane, g);
   });
 }
 
@@ -650,6 +672,182 @@ inline void MaxPoolGradNhwc(const KernelArgs& args) {
                     });
 }
 
+// Average pooling in the other layouts, image by image: channels-last, and flipped (the pooled
+// tensor in the other layout from the unpooled one). Each image is pooled in the unpooled
+// tensor's layout, and the pooled side, a quarter of the data for 2x2 windows, is reordered
+// through this thread's scratch while it is in L1: the reorder costs no pass over memory. The
+// sums are the NCHW kernels' own, so a folded reorder changes no result.
+
+/// Whether a 2x2 average takes the row-pair kernels' order, (a0 + a1) + (b0 + b1).
+inline bool SumsPairs(const GeometryNhwc& g) {
+  return PoolsRowPairs(Geometry{0, g.H, g.W, 0, 0, g.k, g.s, g.p});
+}
+
+/// Means of every window of `planes` consecutive NCHW planes, on this thread.
+inline void AvgPoolPlanes(const float* x, float* y, const Geometry& g, std::int64_t planes) {
+  if (PoolsRowPairs(g)) {
+    const std::int64_t rows = planes * g.OH,
+                       block = std::max<std::int64_t>(1, kPairRowsFloats / g.W);
+    for (std::int64_t first = 0; first < rows; first += block)
+      PoolRowPairBlock<false>(x, y, g, first, std::min(block, rows - first));
+    return;
+  }
+  const std::int64_t in_plane = g.H * g.W, out_plane = g.OH * g.OW;
+  for (std::int64_t c = 0; c < planes; ++c)
+    PoolAnyPlane<false>(x + c * in_plane, y + c * out_plane, g);
+}
+
+/// dx of `planes` consecutive NCHW planes from their dy, on this thread, as AvgPoolGrad.
+inline void AvgPoolGradPlanes(const float* dy, float* dx, const Geometry& g, std::int64_t planes) {
+  if (PoolsRowPairs(g) && g.W < 16) {
+    const std::int64_t rows = planes * g.OH,
+                       block = std::max<std::int64_t>(1, kPairRowsFloats / g.W);
+    for (std::int64_t first = 0; first < rows; first += block)
+      AvgPoolGradRowPairBlock(dy, dx, g, first, std::min(block, rows - first));
+    return;
+  }
+  const std::int64_t in_plane = g.H * g.W, out_plane = g.OH * g.OW;
+  for (std::int64_t c = 0; c < planes; ++c)
+    AvgPoolGradAnyPlane(dy + c * out_plane, dx + c * in_plane, g);
+}
+
+/// Calls window_fn(pixel, ih0, iw0, kh, kw) for every window of one channels-last image in
+/// (oh, ow) order: its pixel of the pooled image, its top left tap (padding included) and the
+/// taps inside the image.
+template <class F> inline void ForEachWindowNhwc(const GeometryNhwc& g, const F& window_fn) {
+  for (std::int64_t oh = 0; oh < g.OH; ++oh) {
+    const std::int64_t ih0 = oh * g.s - g.p;
+    const TapRange kh = Taps(ih0, g.k, g.H);
+    for (std::int64_t ow = 0; ow < g.OW; ++ow) {
+      const std::int64_t iw0 = ow * g.s - g.p;
+      window_fn(oh * g.OW + ow, ih0, iw0, kh, Taps(iw0, g.k, g.W));
+    }
+  }
+}
+
+/// Means of every window of one image x [H,W,C] into y [OH,OW,C], vectorised over channels:
+/// the in-bound taps in row-major order times 1/(k*k), or for the row-pair geometries
+/// (a0 + a1) + (b0 + b1) times 1/4, as the NCHW kernels sum.
+inline void AvgPoolImageNhwc(const float* x, float* y, const GeometryNhwc& g) {
+  const float scale = 1.0f / static_cast<float>(g.k * g.k);
+  const bool pairs = SumsPairs(g);
+  ForEachWindowNhwc(g, [&](std::int64_t pixel, std::int64_t ih0, std::int64_t iw0, TapRange kh,
+                           TapRange kw) HWY_ATTR {
+    float* yp = y + pixel * g.C;
+    ForEachChannelBlock(0, g.C, [&](auto d, std::int64_t c) HWY_ATTR {
+      const auto tap = [&](std::int64_t i, std::int64_t j) HWY_ATTR {
+        return hn::LoadU(d, x + ((ih0 + i) * g.W + iw0 + j) * g.C + c);
+      };
+      if (pairs) {
+        const auto sum = hn::Add(hn::Add(tap(0, 0), tap(0, 1)), hn::Add(tap(1, 0), tap(1, 1)));
+        hn::StoreU(hn::Mul(hn::Set(d, 0.25f), sum), d, yp + c);
+        return;
+      }
+      auto acc = hn::Zero(d);
+      for (std::int64_t i = kh.lo; i < kh.hi; ++i)
+        for (std::int64_t j = kw.lo; j < kw.hi; ++j) acc = hn::Add(acc, tap(i, j));
+      hn::StoreU(hn::Mul(acc, hn::Set(d, scale)), d, yp + c);
+    });
+  });
+}
+
+/// dx [H,W,C] of one image from dy [OH,OW,C]: each dy times 1/(k*k) added to every tap of its
+/// window, windows in (oh, ow) order.
+inline void AvgPoolGradImageNhwc(const float* dy, float* dx, const GeometryNhwc& g) {
+  const float scale = 1.0f / static_cast<float>(g.k * g.k);
+  std::fill(dx, dx + g.H * g.W * g.C, 0.0f);
+  ForEachWindowNhwc(g, [&](std::int64_t pixel, std::int64_t ih0, std::int64_t iw0, TapRange kh,
+                           TapRange kw) HWY_ATTR {
+    const float* dyp = dy + pixel * g.C;
+    ForEachChannelBlock(0, g.C, [&](auto d, std::int64_t c) HWY_ATTR {
+      const auto v = hn::Mul(hn::LoadU(d, dyp + c), hn::Set(d, scale));
+      for (std::int64_t i = kh.lo; i < kh.hi; ++i)
+        for (std::int64_t j = kw.lo; j < kw.hi; ++j) {
+          float* p = dx + ((ih0 + i) * g.W + iw0 + j) * g.C + c;
+          hn::StoreU(hn::Add(hn::LoadU(d, p), v), d, p);
+        }
+    });
+  });
+}
+
+/// The pooled and unpooled sizes of an average pool, whichever layout each side has.
+struct AvgPoolSides {
+  std::int64_t N = 0, C = 0, H = 0, W = 0, OH = 0, OW = 0;
+  Geometry nchw;
+  GeometryNhwc nhwc;
+};
+
+inline AvgPoolSides MakeAvgPoolSides(const Shape& unpooled, const Shape& pooled,
+                                     const Pool2dAttrs& a) {
+  AvgPoolSides s;
+  s.N = unpooled[0];
+  s.C = a.channels_last ? unpooled[3] : unpooled[1];
+  s.H = a.channels_last ? unpooled[1] : unpooled[2];
+  s.W = a.channels_last ? unpooled[2] : unpooled[3];
+  s.OH = a.pooled_channels_last() ? pooled[1] : pooled[2];
+  s.OW = a.pooled_channels_last() ? pooled[2] : pooled[3];
+  s.nchw = MakeGeometry(Shape{s.N, s.C, s.H, s.W}, Shape{s.N, s.C, s.OH, s.OW}, a);
+  s.nhwc = MakeGeometryNhwc(Shape{s.N, s.H, s.W, s.C}, Shape{s.N, s.OH, s.OW, s.C}, a);
+  return s;
+}
+
+/// Calls image_fn(n, scratch) for every image, in parallel, with this thread's scratch.
+template <class F>
+inline void ForEachImage(const KernelArgs& args, const AvgPoolSides& s, const F& image_fn) {
+  const std::int64_t work = s.C * (s.H * s.W + s.OH * s.OW);
+  const std::int64_t grain =
+      std::max<std::int64_t>(1, kMinTaskElements / std::max<std::int64_t>(1, work));
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, s.N, grain),
+                    [&](const tbb::blocked_range<std::int64_t>& r) HWY_ATTR {
+                      float* scratch = ThreadScratch(args);
+                      for (std::int64_t n = r.begin(); n != r.end(); ++n) image_fn(n, scratch);
+                    });
+}
+
+/// avgpool2d with x, y, or both channels-last.
+inline void AvgPoolOtherLayouts(const KernelArgs& args) {
+  const auto& a = *std::get_if<Pool2dAttrs>(args.attrs);
+  const AvgPoolSides s = MakeAvgPoolSides(args.in[0].shape, args.out.shape, a);
+  const std::int64_t image = s.C * s.H * s.W, pooled = s.C * s.OH * s.OW, pixels = s.OH * s.OW;
+  const float* x = args.in[0].f32();
+  float* y = args.out.f32();
+  ForEachImage(args, s, [&](std::int64_t n, float* scratch) HWY_ATTR {
+    const float* xn = x + n * image;
+    float* yn = y + n * pooled;
+    if (!a.channels_last) { // [C, OH*OW] in scratch, to [OH*OW, C]
+      AvgPoolPlanes(xn, scratch, s.nchw, s.C);
+      transpose_detail::Transpose2D(scratch, pixels, yn, s.C, s.C, pixels);
+    } else if (a.pooled_channels_last()) {
+      AvgPoolImageNhwc(xn, yn, s.nhwc);
+    } else { // [OH*OW, C] in scratch, to [C, OH*OW]
+      AvgPoolImageNhwc(xn, scratch, s.nhwc);
+      transpose_detail::Transpose2D(scratch, s.C, yn, pixels, pixels, s.C);
+    }
+  });
+}
+
+/// avgpool2d_grad with dy, dx, or both channels-last.
+inline void AvgPoolGradOtherLayouts(const KernelArgs& args) {
+  const auto& a = *std::get_if<Pool2dAttrs>(args.attrs);
+  const AvgPoolSides s = MakeAvgPoolSides(args.out.shape, args.in[0].shape, a);
+  const std::int64_t image = s.C * s.H * s.W, pooled = s.C * s.OH * s.OW, pixels = s.OH * s.OW;
+  const float* dy = args.in[0].f32();
+  float* dx = args.out.f32();
+  ForEachImage(args, s, [&](std::int64_t n, float* scratch) HWY_ATTR {
+    const float* dyn = dy + n * pooled;
+    float* dxn = dx + n * image;
+    if (!a.channels_last) { // dy [OH*OW, C] to [C, OH*OW] in scratch
+      transpose_detail::Transpose2D(dyn, s.C, scratch, pixels, pixels, s.C);
+      AvgPoolGradPlanes(scratch, dxn, s.nchw, s.C);
+    } else if (a.pooled_channels_last()) {
+      AvgPoolGradImageNhwc(dyn, dxn, s.nhwc);
+    } else { // dy [C, OH*OW] to [OH*OW, C] in scratch
+      transpose_detail::Transpose2D(dyn, pixels, scratch, s.C, s.C, pixels);
+      AvgPoolGradImageNhwc(scratch, dxn, s.nhwc);
+    }
+  });
+}
+
 } // namespace pool_detail
 
 /// avgpool2d: window sum / (kernel*kernel), padding included as zeros.
@@ -666,8 +864,13 @@ inline void RegisterPoolKernels(KernelTable& table) {
   table.add(Op::MaxPool2dGrad, {"maxpool2d_grad", &pool_detail::MaxPoolGrad, &pool_accepts<false>});
   table.add(Op::MaxPool2dGrad,
             {"maxpool2d_grad.channels_last", &pool_detail::MaxPoolGradNhwc, &pool_accepts<true>});
-  table.add(Op::AvgPool2d, {"avgpool2d", &AvgPool2dKernel});
-  table.add(Op::AvgPool2dGrad, {"avgpool2d_grad", &AvgPool2dGradKernel});
+  table.add(Op::AvgPool2d, {"avgpool2d", &AvgPool2dKernel, &pool_accepts<false>});
+  table.add(Op::AvgPool2d, {"avgpool2d.other_layouts", &pool_detail::AvgPoolOtherLayouts,
+                            &pool_in_other_layouts, &pooled_image_workspace});
+  table.add(Op::AvgPool2dGrad, {"avgpool2d_grad", &AvgPool2dGradKernel, &pool_accepts<false>});
+  table.add(Op::AvgPool2dGrad,
+            {"avgpool2d_grad.other_layouts", &pool_detail::AvgPoolGradOtherLayouts,
+             &pool_in_other_layouts, &pooled_image_workspace});
 }
 
 } // namespace kiln::cpu::HWY_NAMESPACE

@@ -79,11 +79,14 @@ struct Odometer {
   }
 };
 
-/// dst[j * ds + i] = src[i * ss + j] for a 4 x 4 block, in 128-bit registers.
+/// dst[j * ds + i] = src[i * ss + j] for a 4 x 4 block, in 128-bit registers. The 2-D
+/// helpers take any 4-byte element type T, so a kernel that reorders its own float scratch
+/// reads it as floats.
 #if HWY_TARGET != HWY_SCALAR
-HWY_INLINE void Transpose4x4(const Word* HWY_RESTRICT src, std::int64_t ss, Word* HWY_RESTRICT dst,
+template <class T>
+HWY_INLINE void Transpose4x4(const T* HWY_RESTRICT src, std::int64_t ss, T* HWY_RESTRICT dst,
                              std::int64_t ds) {
-  const hn::Full128<Word> d4;
+  const hn::Full128<T> d4;
   const auto r0 = hn::LoadU(d4, src), r1 = hn::LoadU(d4, src + ss);
   const auto r2 = hn::LoadU(d4, src + 2 * ss), r3 = hn::LoadU(d4, src + 3 * ss);
   const auto lo01 = hn::InterleaveLower(d4, r0, r1), lo23 = hn::InterleaveLower(d4, r2, r3);
@@ -97,10 +100,10 @@ HWY_INLINE void Transpose4x4(const Word* HWY_RESTRICT src, std::int64_t ss, Word
 
 /// Few source rows written as interleaved destination rows: rows in {2, 3, 4}, ds == rows
 /// (e.g. NCHW -> NHWC of a 3-channel image). Returns the first column not done.
-template <int kRows>
-HWY_INLINE std::int64_t InterleaveRows(const Word* HWY_RESTRICT src, std::int64_t ss,
-                                       Word* HWY_RESTRICT dst, std::int64_t cols) {
-  const hn::ScalableTag<Word> d;
+template <int kRows, class T>
+HWY_INLINE std::int64_t InterleaveRows(const T* HWY_RESTRICT src, std::int64_t ss,
+                                       T* HWY_RESTRICT dst, std::int64_t cols) {
+  const hn::ScalableTag<T> d;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d));
   std::int64_t j = 0;
   for (; j + N <= cols; j += N) {
@@ -119,10 +122,10 @@ HWY_INLINE std::int64_t InterleaveRows(const Word* HWY_RESTRICT src, std::int64_
 
 /// Interleaved source rows split into few destination rows: cols in {2, 3, 4}, ss == cols
 /// (e.g. NHWC -> NCHW of a 3-channel image). Returns the first row not done.
-template <int kCols>
-HWY_INLINE std::int64_t DeinterleaveCols(const Word* HWY_RESTRICT src, Word* HWY_RESTRICT dst,
+template <int kCols, class T>
+HWY_INLINE std::int64_t DeinterleaveCols(const T* HWY_RESTRICT src, T* HWY_RESTRICT dst,
                                          std::int64_t ds, std::int64_t rows) {
-  const hn::ScalableTag<Word> d;
+  const hn::ScalableTag<T> d;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d));
   std::int64_t i = 0;
   for (; i + N <= rows; i += N) {
@@ -146,7 +149,8 @@ HWY_INLINE std::int64_t DeinterleaveCols(const Word* HWY_RESTRICT src, Word* HWY
 }
 
 /// The 2-D transpose dst[j * ds + i] = src[i * ss + j], i < rows, j < cols.
-inline void Transpose2D(const Word* HWY_RESTRICT src, std::int64_t ss, Word* HWY_RESTRICT dst,
+template <class T>
+inline void Transpose2D(const T* HWY_RESTRICT src, std::int64_t ss, T* HWY_RESTRICT dst,
                         std::int64_t ds, std::int64_t rows, std::int64_t cols) {
   // Vector-done region: rows [0, rows_done) x cols [0, cols_done); the rest is scalar.
   std::int64_t rows_done = 0, cols_done = 0;

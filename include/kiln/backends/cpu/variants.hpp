@@ -178,9 +178,26 @@ inline std::size_t transpose_workspace(const KernelQuery& q) {
   return round_up_floats(static_cast<std::size_t>(in.numel() / in[0])) * sizeof(float);
 }
 
-/// Whether a max pool runs channels-last ([N, H, W, C]); each layout has its own kernel.
+/// Whether a pool reads and writes one layout, channels-last ([N, H, W, C]) or NCHW; each
+/// layout has its own kernel.
 template <bool channels_last> bool pool_accepts(const KernelQuery& q) {
-  return std::get<Pool2dAttrs>(*q.attrs).channels_last == channels_last;
+  const auto& a = std::get<Pool2dAttrs>(*q.attrs);
+  return a.channels_last == channels_last && !a.flip_pooled_layout;
+}
+
+/// Whether an average pool's call is not NCHW on both sides, which its image-by-image kernel
+/// takes.
+inline bool pool_in_other_layouts(const KernelQuery& q) {
+  const auto& a = std::get<Pool2dAttrs>(*q.attrs);
+  return a.channels_last || a.flip_pooled_layout;
+}
+
+/// Scratch bytes per thread of an average pool in other layouts: one image of the pooled
+/// tensor (a pool's output, its gradient's input).
+inline std::size_t pooled_image_workspace(const KernelQuery& q) {
+  const Shape& pooled = q.op == Op::AvgPool2d ? q.out.shape : q.in[0].shape;
+  if (pooled[0] == 0) return 0;
+  return round_up_floats(static_cast<std::size_t>(pooled.numel() / pooled[0])) * sizeof(float);
 }
 
 } // namespace kiln::cpu

@@ -1,4 +1,5 @@
-// CUDA pooling kernels: max (NCHW and channels-last) and average (NCHW), with their gradients.
+// CUDA pooling kernels, max and average, with their gradients: each reads and writes NCHW or
+// channels-last, and average pooling may also read one layout and write the other.
 #pragma once
 
 #include <cstdint>
@@ -58,12 +59,12 @@ __device__ inline Range window_taps(std::int64_t origin, std::int64_t k, std::in
 
 /// Windows [lo, hi) along one axis whose taps include input coordinate `at`: window o covers
 /// o*s - p .. o*s - p + k - 1.
-__device__ inline Range covering_windows(std::int64_t at, const PoolGeometry& g,
-                                         std::int64_t outputs) {
-  const std::int64_t last = at + g.p; // >= 0: o*s <= last
-  const std::int64_t first = last - g.k + 1;
-  const std::int64_t lo = first <= 0 ? 0 : (first + g.s - 1) / g.s;
-  const std::int64_t hi = last / g.s + 1;
+__device__ inline Range covering_windows(std::int64_t at, std::int64_t k, std::int64_t s,
+                                         std::int64_t p, std::int64_t outputs) {
+  const std::int64_t last = at + p; // >= 0: o*s <= last
+  const std::int64_t first = last - k + 1;
+  const std::int64_t lo = first <= 0 ? 0 : (first + s - 1) / s;
+  const std::int64_t hi = last / s + 1;
   return {lo, hi < outputs ? hi : outputs};
 }
 
@@ -112,37 +113,23 @@ __device__ inline std::int64_t first_max_pixel(const float* __restrict__ xg, con
   return arg;
 }
 
-/// y = the max (kMax) or the mean of each window, one thread per output element. The max
-/// starts at -inf and takes each tap through max_keeping_nan, as the CPU kernels: a NaN tap
-/// makes the window's max NaN. The mean is the sum of the in-bound
-/// taps in row-major order times 1/(k*k); with `pair_sums` (2x2 windows, where the CPU adds
-/// horizontal pairs first) it is (a0 + a1) + (b0 + b1) instead, for the same rounding.
-template <bool kMax, bool channels_last>
-__global__ void pool_forward_kernel(const float* __restrict__ x, float* __restrict__ y,
-                                    PoolGeometry g, std::int64_t n, bool pair_sums, float scale) {
+/// y = the max of each window, one thread per output element. The max starts at -inf and
+/// takes each tap through max_keeping_nan, as the CPU kernels: a NaN tap makes the window's
+/// max NaN.
+template <bool channels_last>
+__global__ void maxpool_kernel(const float* __restrict__ x, float* __restrict__ y, PoolGeometry g,
+                               std::int64_t n) {
   const std::int64_t step = pixel_stride<channels_last>(g);
   KILN_CUDA_FOR_EACH(i, n) {
     const Coordinates<channels_last> o(i, g.oh, g.ow, g.lanes);
     const float* xg = x + o.group * g.h * g.w * g.lanes + o.lane;
     const std::int64_t ih0 = o.row * g.s - g.p, iw0 = o.col * g.s - g.p;
-    float acc = kMax ? -__int_as_float(0x7f800000) : 0.0f;
-    if (!kMax && pair_sums) {
-      const float* top = xg + (ih0 * g.w + iw0) * step;
-      const float* bottom = top + g.w * step;
-      acc = (top[0] + top[step]) + (bottom[0] + bottom[step]);
-    } else {
-      const Range kh = window_taps(ih0, g.k, g.h), kw = window_taps(iw0, g.k, g.w);
-      for (std::int64_t r = kh.lo; r < kh.hi; ++r)
-        for (std::int64_t c = kw.lo; c < kw.hi; ++c) {
-          const float v = xg[((ih0 + r) * g.w + iw0 + c) * step];
-          if constexpr (kMax) {
-            acc = max_keeping_nan(acc, v);
-          } else {
-            acc += v;
-          }
-        }
-    }
-    y[i] = kMax ? acc : acc * scale;
+    const Range kh = window_taps(ih0, g.k, g.h), kw = window_taps(iw0, g.k, g.w);
+    float acc = -__int_as_float(0x7f800000);
+    for (std::int64_t r = kh.lo; r < kh.hi; ++r)
+      for (std::int64_t c = kw.lo; c < kw.hi; ++c)
+        acc = max_keeping_nan(acc, xg[((ih0 + r) * g.w + iw0 + c) * step]);
+    y[i] = acc;
   }
 }
 
@@ -157,7 +144,8 @@ __global__ void maxpool_grad_kernel(const float* __restrict__ x, const float* __
     const float* xg = x + e.group * g.h * g.w * g.lanes + e.lane;
     const float* dyg = dy + e.group * g.oh * g.ow * g.lanes + e.lane;
     const std::int64_t me = e.row * g.w + e.col;
-    const Range rows = covering_windows(e.row, g, g.oh), cols = covering_windows(e.col, g, g.ow);
+    const Range rows = covering_windows(e.row, g.k, g.s, g.p, g.oh);
+    const Range cols = covering_windows(e.col, g.k, g.s, g.p, g.ow);
     float acc = 0.0f;
     for (std::int64_t oh = rows.lo; oh < rows.hi; ++oh)
       for (std::int64_t ow = cols.lo; ow < cols.hi; ++ow)
@@ -202,21 +190,127 @@ __global__ void maxpool_grad_tiled_kernel(const float* x, const float* __restric
   }
 }
 
-/// dx of average pooling, one thread per dx element: dy * (1/(k*k)) of every window covering
-/// it, added in (oh, ow) order as the CPU kernel adds them. __fmul_rn keeps nvcc from fusing
-/// the product into the sum: the CPU rounds the product before adding it.
+/// The sizes of one average pooling call, whatever the layouts: x (or dx) is N x C x h x w,
+/// y (or dy) N x C x oh x ow. Passed to kernels by value.
+struct AvgPoolSizes {
+  std::int64_t n = 0, c = 0, h = 0, w = 0, oh = 0, ow = 0;
+  std::int64_t k = 1, s = 1, p = 0;
+};
+
+/// An element's coordinates, whatever the layout it is stored in.
+struct Element {
+  std::int64_t n, c, row, col;
+};
+
+/// One N x C x rows x cols tensor stored NCHW or, channels_last, NHWC. In both layouts element
+/// (n, c, row, col) lies at plane(n, c) + (row * cols + col) * pixel_step(), so a window's
+/// taps are read the same way whichever layout the tensor has.
+template <bool channels_last> struct PoolLayout {
+  std::int64_t channels, rows, cols;
+
+  /// The offset of element (n, c, 0, 0).
+  __device__ std::int64_t plane(std::int64_t n, std::int64_t c) const {
+    if constexpr (channels_last) return n * rows * cols * channels + c;
+    return (n * channels + c) * rows * cols;
+  }
+  /// The distance between horizontally neighbouring elements of one plane.
+  __device__ std::int64_t pixel_step() const {
+    if constexpr (channels_last) return channels;
+    return 1;
+  }
+  /// The coordinates of the element at offset `i`.
+  __device__ Element element(std::int64_t i) const {
+    Element e{};
+    if constexpr (channels_last) {
+      e.c = i % channels;
+      i /= channels;
+    }
+    e.col = i % cols;
+    i /= cols;
+    e.row = i % rows;
+    i /= rows;
+    if constexpr (!channels_last) {
+      e.c = i % channels;
+      i /= channels;
+    }
+    e.n = i;
+    return e;
+  }
+};
+
+/// y = the mean of each window, one thread per y element so that writes stay coalesced
+/// whatever the layouts (x is read in its own layout, strided when it differs from y's). The
+/// mean is the sum of the in-bound taps in row-major order times 1/(k*k); with `pair_sums`
+/// (2x2 windows, where the CPU adds horizontal pairs first) it is (a0 + a1) + (b0 + b1)
+/// instead, for the same rounding.
+template <bool x_channels_last, bool y_channels_last>
+__global__ void avgpool_kernel(const float* __restrict__ x, float* __restrict__ y, AvgPoolSizes z,
+                               std::int64_t count, bool pair_sums, float scale) {
+  const PoolLayout<x_channels_last> xl{z.c, z.h, z.w};
+  const PoolLayout<y_channels_last> yl{z.c, z.oh, z.ow};
+  const std::int64_t step = xl.pixel_step();
+  KILN_CUDA_FOR_EACH(i, count) {
+    const Element o = yl.element(i);
+    const float* xp = x + xl.plane(o.n, o.c);
+    const std::int64_t ih0 = o.row * z.s - z.p, iw0 = o.col * z.s - z.p;
+    float acc = 0.0f;
+    if (pair_sums) {
+      const float* top = xp + (ih0 * z.w + iw0) * step;
+      const float* bottom = top + z.w * step;
+      acc = (top[0] + top[step]) + (bottom[0] + bottom[step]);
+    } else {
+      const Range kh = window_taps(ih0, z.k, z.h), kw = window_taps(iw0, z.k, z.w);
+      for (std::int64_t r = kh.lo; r < kh.hi; ++r)
+        for (std::int64_t c = kw.lo; c < kw.hi; ++c) acc += xp[((ih0 + r) * z.w + iw0 + c) * step];
+    }
+    y[i] = acc * scale;
+  }
+}
+
+/// dx of average pooling, one thread per dx element, each reading dy in dy's layout: dy *
+/// (1/(k*k)) of every window covering it, added in (oh, ow) order as the CPU kernel adds
+/// them. __fmul_rn keeps nvcc from fusing the product into the sum: the CPU rounds the
+/// product before adding it.
+template <bool dx_channels_last, bool dy_channels_last>
 __global__ void avgpool_grad_kernel(const float* __restrict__ dy, float* __restrict__ dx,
-                                    PoolGeometry g, std::int64_t n, float scale) {
-  KILN_CUDA_FOR_EACH(i, n) {
-    const Coordinates<false> e(i, g.h, g.w, 1);
-    const float* dyg = dy + e.group * g.oh * g.ow;
-    const Range rows = covering_windows(e.row, g, g.oh), cols = covering_windows(e.col, g, g.ow);
+                                    AvgPoolSizes z, std::int64_t count, float scale) {
+  const PoolLayout<dx_channels_last> dxl{z.c, z.h, z.w};
+  const PoolLayout<dy_channels_last> dyl{z.c, z.oh, z.ow};
+  const std::int64_t step = dyl.pixel_step();
+  KILN_CUDA_FOR_EACH(i, count) {
+    const Element e = dxl.element(i);
+    const float* dyp = dy + dyl.plane(e.n, e.c);
+    const Range rows = covering_windows(e.row, z.k, z.s, z.p, z.oh);
+    const Range cols = covering_windows(e.col, z.k, z.s, z.p, z.ow);
     float acc = 0.0f;
     for (std::int64_t oh = rows.lo; oh < rows.hi; ++oh)
       for (std::int64_t ow = cols.lo; ow < cols.hi; ++ow)
-        acc += __fmul_rn(dyg[oh * g.ow + ow], scale);
+        acc += __fmul_rn(dyp[(oh * z.ow + ow) * step], scale);
     dx[i] = acc;
   }
+}
+
+/// `x` is the unpooled tensor (x, or dx), `y` the pooled one (y, or dy), each in the layout
+/// `a` gives it.
+inline AvgPoolSizes avg_pool_sizes(const Shape& x, const Shape& y, const Pool2dAttrs& a) {
+  AvgPoolSizes z;
+  z.n = x[0];
+  if (a.channels_last) {
+    z.c = x[3];
+    z.h = x[1];
+    z.w = x[2];
+  } else {
+    z.c = x[1];
+    z.h = x[2];
+    z.w = x[3];
+  }
+  const int row_dim = a.pooled_channels_last() ? 1 : 2;
+  z.oh = y[row_dim];
+  z.ow = y[row_dim + 1];
+  z.k = a.kernel;
+  z.s = a.stride;
+  z.p = a.padding;
+  return z;
 }
 
 /// 1/(k*k) in float, as the CPU computes it (a product by it, not a division by k*k).
@@ -229,22 +323,26 @@ template <bool channels_last> void maxpool2d(const KernelArgs& args) {
   if (n == 0) return;
   const auto& a = *std::get_if<Pool2dAttrs>(args.attrs);
   const PoolGeometry g = pool_geometry(args.in[0].shape, args.out.shape, a);
-  launch(channels_last ? "maxpool2d.channels_last" : "maxpool2d",
-         &pool_forward_kernel<true, channels_last>, blocks_for(n), block_threads, 0,
-         args.in[0].f32(), args.out.f32(), g, n, false, 1.0f);
+  launch(channels_last ? "maxpool2d.channels_last" : "maxpool2d", &maxpool_kernel<channels_last>,
+         blocks_for(n), block_threads, 0, args.in[0].f32(), args.out.f32(), g, n);
 }
 
 inline void avgpool2d(const KernelArgs& args) {
   const std::int64_t n = args.out.numel();
   if (n == 0) return;
   const auto& a = *std::get_if<Pool2dAttrs>(args.attrs);
-  const PoolGeometry g = pool_geometry(args.in[0].shape, args.out.shape, a);
+  const AvgPoolSizes z = avg_pool_sizes(args.in[0].shape, args.out.shape, a);
   // The CPU's 2x2 path over even planes (rows no wider than its 1024-float pair buffer) sums
-  // horizontal pairs first; other geometries sum taps in row-major order.
+  // horizontal pairs first; other geometries sum taps in row-major order. The CPU decides on
+  // the plane alone, so the layouts do not enter into it.
   const bool pair_sums =
-      g.k == 2 && g.s == 2 && g.p == 0 && g.h % 2 == 0 && g.w % 2 == 0 && g.w <= 1024;
-  launch("avgpool2d", &pool_forward_kernel<false, false>, blocks_for(n), block_threads, 0,
-         args.in[0].f32(), args.out.f32(), g, n, pair_sums, mean_scale(a));
+      z.k == 2 && z.s == 2 && z.p == 0 && z.h % 2 == 0 && z.w % 2 == 0 && z.w <= 1024;
+  // Indexed [x channels-last][y channels-last].
+  constexpr decltype(&avgpool_kernel<false, false>) kernels[2][2] = {
+      {&avgpool_kernel<false, false>, &avgpool_kernel<false, true>},
+      {&avgpool_kernel<true, false>, &avgpool_kernel<true, true>}};
+  launch("avgpool2d", kernels[a.channels_last][a.pooled_channels_last()], blocks_for(n),
+         block_threads, 0, args.in[0].f32(), args.out.f32(), z, n, pair_sums, mean_scale(a));
 }
 
 /// Reads x (input 0) and dy (input 1); y is not an input: each window's maximum is found
@@ -272,16 +370,26 @@ inline void avgpool2d_grad(const KernelArgs& args) {
   const std::int64_t n = args.out.numel();
   if (n == 0) return;
   const auto& a = *std::get_if<Pool2dAttrs>(args.attrs);
-  const PoolGeometry g = pool_geometry(args.out.shape, args.in[0].shape, a);
-  launch("avgpool2d_grad", &avgpool_grad_kernel, blocks_for(n), block_threads, 0, args.in[0].f32(),
-         args.out.f32(), g, n, mean_scale(a));
+  const AvgPoolSizes z = avg_pool_sizes(args.out.shape, args.in[0].shape, a);
+  // Indexed [dx channels-last][dy channels-last].
+  constexpr decltype(&avgpool_grad_kernel<false, false>) kernels[2][2] = {
+      {&avgpool_grad_kernel<false, false>, &avgpool_grad_kernel<false, true>},
+      {&avgpool_grad_kernel<true, false>, &avgpool_grad_kernel<true, true>}};
+  launch("avgpool2d_grad", kernels[a.channels_last][a.pooled_channels_last()], blocks_for(n),
+         block_threads, 0, args.in[0].f32(), args.out.f32(), z, n, mean_scale(a));
 }
 
-/// Each layout has its own kernel; average pooling has NCHW kernels only, so a channels-last
-/// call finds no kernel rather than a wrong one.
+/// Max pooling has a kernel per layout and none that changes layout, so a call that flips
+/// the layout finds no kernel rather than a wrong one.
 template <bool channels_last> bool pool_layout_accepts(const KernelQuery& q) {
   const auto* a = q.attrs ? std::get_if<Pool2dAttrs>(q.attrs) : nullptr;
-  return a && a->channels_last == channels_last;
+  return a && a->channels_last == channels_last && !a->flip_pooled_layout;
+}
+
+/// One average pooling kernel serves every pair of layouts: it picks its instantiation when
+/// it launches.
+inline bool avgpool_accepts(const KernelQuery& q) {
+  return q.attrs && std::holds_alternative<Pool2dAttrs>(*q.attrs);
 }
 
 } // namespace pool_detail
@@ -296,8 +404,8 @@ inline void register_pool_kernels(KernelTable& table) {
             {"maxpool2d_grad", &maxpool2d_grad<false>, &pool_layout_accepts<false>});
   table.add(Op::MaxPool2dGrad,
             {"maxpool2d_grad.channels_last", &maxpool2d_grad<true>, &pool_layout_accepts<true>});
-  table.add(Op::AvgPool2d, {"avgpool2d", &avgpool2d, &pool_layout_accepts<false>});
-  table.add(Op::AvgPool2dGrad, {"avgpool2d_grad", &avgpool2d_grad, &pool_layout_accepts<false>});
+  table.add(Op::AvgPool2d, {"avgpool2d", &avgpool2d, &avgpool_accepts});
+  table.add(Op::AvgPool2dGrad, {"avgpool2d_grad", &avgpool2d_grad, &avgpool_accepts});
 }
 
 } // namespace kiln::cuda
