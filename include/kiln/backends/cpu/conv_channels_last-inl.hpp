@@ -106,10 +106,10 @@ HWY_INLINE void ImplicitTile(const float* const* row, std::size_t m, const TapWa
       }
     }
   }
-  for (std::size_t r = 0; r < m; ++r) {
+  ForFirstRows<MR>(m, [&](std::size_t r) HWY_ATTR {
     HWY_UNROLL(4)
     for (std::size_t v = 0; v < NV; ++v) hn::StoreU(acc[r][v], d, c + r * ldc + v * lanes);
-  }
+  });
 }
 
 /// One image of a channels-last convolution: out[p, 0:n] = sum over taps of image pixels
@@ -325,13 +325,13 @@ HWY_INLINE void WeightGradTile(const float* image, std::size_t width, const Conv
       x = image + ++oh * row_step;
     }
   }
-  for (std::size_t r = 0; r < m; ++r) {
+  ForFirstRows<MR>(m, [&](std::size_t r) HWY_ATTR {
     HWY_UNROLL(4)
     for (std::size_t v = 0; v < NV; ++v) {
       float* p = partial + r * g.o + v * lanes;
       hn::StoreU(hn::Add(acc[r][v], hn::LoadU(d, p)), d, p);
     }
-  }
+  });
 }
 
 /// Calls tile(offset, m, r0, j) for every tile of a weight gradient's [KH, KW, C, O] rows: rows

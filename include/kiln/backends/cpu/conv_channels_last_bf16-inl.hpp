@@ -119,10 +119,10 @@ ImplicitTileBf16(const std::uint32_t* const* row, std::size_t m, const TapRows& 
       }
     }
   }
-  for (std::size_t r = 0; r < m; ++r) {
+  ForFirstRows<MR>(m, [&](std::size_t r) HWY_ATTR {
     HWY_UNROLL(4)
     for (std::size_t v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + v * 16, acc[r][v]);
-  }
+  });
 }
 
 /// ImplicitGemm over pairs: out[p, 0:n] = sum over taps of the image's pixels under the kernel
@@ -290,13 +290,13 @@ WeightGradTileBf16(const std::uint32_t* x_pairs, std::size_t width, const ConvGe
       x = x_pairs + ++oh * row_step;
     }
   }
-  for (std::size_t r = 0; r < m; ++r) {
+  ForFirstRows<MR>(m, [&](std::size_t r) HWY_ATTR {
     HWY_UNROLL(4)
     for (std::size_t v = 0; v < NV; ++v) {
       float* p = partial + r * g.o + v * 16;
       _mm512_storeu_ps(p, _mm512_add_ps(acc[r][v], _mm512_loadu_ps(p)));
     }
-  }
+  });
 }
 
 /// One image's share of the weight gradient over pixel pairs, added to `partial`.

@@ -47,13 +47,13 @@ HWY_NOINLINE void ScatterTile(const float* HWY_RESTRICT pixels, std::size_t m, s
   V acc[P][NV];
   ZeroAccumulators(acc);
   for (std::size_t k = 0; k < depth; ++k, pixels += P, w += ldw) MultiplyAddRank1(acc, pixels, w);
-  for (std::size_t r = 0; r < m; ++r) {
+  ForFirstRows<P>(m, [&](std::size_t r) HWY_ATTR {
     HWY_UNROLL(4)
     for (std::size_t v = 0; v < NV; ++v) {
       float* at = dst[r] + v * lanes;
       hn::StoreU(hn::Add(hn::LoadU(d, at), acc[r][v]), d, at);
     }
-  }
+  });
 }
 
 /// runs[(i * O + o) * run_floats + j * C + c] = w[i, j, o, c] for the [KH, KW, O, C] weight;

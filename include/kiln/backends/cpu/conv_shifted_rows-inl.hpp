@@ -109,10 +109,10 @@ HWY_INLINE void ShiftedRowsTile(std::size_t first_tap, std::size_t end_tap,
     const std::size_t ak = at.a[k];
     MultiplyAddRank1(acc, rows, ak, b);
   }
-  for (std::size_t r = 0; r < m; ++r) {
+  ForFirstRows<MR>(m, [&](std::size_t r) HWY_ATTR {
     HWY_UNROLL(4)
     for (std::size_t v = 0; v < NV; ++v) hn::StoreU(acc[r][v], d, c + r * ldc + v * lanes);
-  }
+  });
 }
 
 /// ShiftedRowsTile as ShiftedRowsImage calls it. The 8-row tile runs out of line: inlined into
@@ -251,12 +251,12 @@ HWY_INLINE void ShiftedDotTile(std::size_t vectors, const float* HWY_RESTRICT dy
       for (std::size_t r = 0; r < RO; ++r) acc[r][k] = hn::MulAdd(dv[r], xv, acc[r][k]);
     }
   }
-  for (std::size_t r = 0; r < m; ++r) {
-    for (std::size_t k = 0; k < n; ++k) {
+  ForFirstRows<RO>(m, [&](std::size_t r) HWY_ATTR {
+    ForFirstRows<RK>(n, [&](std::size_t k) HWY_ATTR {
       float* p = partial + r * ldp + k * lanes;
       hn::Store(hn::Add(hn::Load(d, p), acc[r][k]), d, p);
-    }
-  }
+    });
+  });
 }
 
 /// Every (output channel, tap) tile of one image's dot products, RO x RK at a time.

@@ -76,6 +76,17 @@ template <std::size_t R, std::size_t C, class V> HWY_INLINE void ZeroAccumulator
   }
 }
 
+/// Calls row_fn(r) for the first m of a tile's R rows of accumulators, in a loop of known
+/// length that stops at m: a loop to m would index the accumulators at run time, and GCC would
+/// then keep them all on the stack, storing and reloading each at the end of every tile.
+template <std::size_t R, class F> HWY_INLINE void ForFirstRows(std::size_t m, const F& row_fn) {
+  HWY_UNROLL(16)
+  for (std::size_t r = 0; r < R; ++r) {
+    if (r >= m) return;
+    row_fn(r);
+  }
+}
+
 /// One step of a micro-tile's depth loop: acc[r][v] += a(r) * (vector v at b), the outer
 /// product of one column of A with one row of B.
 template <std::size_t MR, std::size_t NV, class V, class ColumnOfA>
