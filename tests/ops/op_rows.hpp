@@ -214,6 +214,9 @@ inline void add_transpose(std::vector<OpRow>& out) {
       {{1, 7, 3, 300}, to_nchw},
       {{1, 5, 40, 40}, to_nhwc}, // columns > one split chunk
       {{1, 40, 40, 5}, to_nchw},
+      {{2, 6, 14, 14}, to_nhwc}, // LeNet-5's 6 channels: blocks overlapping at the edges
+      {{2, 14, 14, 6}, to_nchw},
+      {{1, 5, 6, 1}, to_nhwc},
       {{4, 1, 6, 6}, to_nhwc}, // a size-1 channel: a copy
       {{4, 8, 1, 1}, to_nhwc},
       // OIHW weight repacks to [KH, KW, I, O] and [KH, KW, O, I].

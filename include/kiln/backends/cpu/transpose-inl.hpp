@@ -177,6 +177,21 @@ inline void Transpose2D(const T* HWY_RESTRICT src, std::int64_t ss, T* HWY_RESTR
             Transpose4x4(src + i * ss + j, ss, dst + j * ds + i, ds);
       }
     }
+    // Rows or columns past the last multiple of 4 take one more block of 4 that overlaps the
+    // one before: those elements are written twice, with the same values, but in vectors (a
+    // 6-channel image has a third of its elements there).
+    const auto block = [&](std::int64_t i, std::int64_t j)
+                           HWY_ATTR { Transpose4x4(src + i * ss + j, ss, dst + j * ds + i, ds); };
+    if (rows >= 4 && cols >= 4) {
+      if (rows_done < rows)
+        for (std::int64_t j = 0; j < cols_done; j += 4) block(rows - 4, j);
+      if (cols_done < cols) {
+        for (std::int64_t i = 0; i < rows_done; i += 4) block(i, cols - 4);
+        if (rows_done < rows) block(rows - 4, cols - 4);
+      }
+      rows_done = rows;
+      cols_done = cols;
+    }
 #endif
   }
   // Leftover columns of the vector rows, then the leftover rows in full.
