@@ -174,6 +174,10 @@ int run(int threads, Selection& selection) {
     bench_conv("lenet conv 6->16 dX, NHWC (scatter)", Op::Conv2dGradInput,
                {.c = 6, .hw = 14, .o = 16, .k = 5, .channels_last = true}, selection);
     bench_conv("lenet conv 6->16 dW", Op::Conv2dGradWeight, lenet_second, selection);
+    // The forms the layout pass gives LeNet-5's second convolution in the training step.
+    const ConvCase lenet_second_nhwc{.c = 6, .hw = 14, .o = 16, .k = 5, .channels_last = true};
+    bench_conv("lenet conv 6->16 5x5 14x14, NHWC", Op::Conv2d, lenet_second_nhwc, selection);
+    bench_conv("lenet conv 6->16 dW, NHWC", Op::Conv2dGradWeight, lenet_second_nhwc, selection);
     bench_matmul("matmul [64,9216]x[128,9216]^T", 64, 128, 9216, false, true, selection);
     bench_matmul("matmul [128,64]^T x [64,9216] (dW)", 128, 9216, 64, true, false, selection);
     bench_matmul("matmul [64,128]x[128,9216] (dX)", 64, 9216, 128, false, false, selection);
