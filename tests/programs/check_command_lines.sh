@@ -185,7 +185,7 @@ assert abs(e["difference"] - (e["kiln_mean"] - e["libtorch_mean"])) < 1e-9, e' "
     if "$program" --repeats 1 --only "dW, NHWC" >"$work/micro" 2>"$work/err"; then
       rows="$(grep -c "dW, NHWC" "$work/micro")"
       others="$(tail -n +3 "$work/micro" | grep -vc "dW, NHWC")"
-      [[ $rows -eq 4 && $others -eq 0 ]] ||
+      [[ $rows -eq 5 && $others -eq 0 ]] ||
         fail "gemm_conv_micro --only 'dW, NHWC' timed $rows such shapes and $others others"
     else
       fail "gemm_conv_micro --only failed: $(head -c 300 "$work/err")"
