@@ -165,11 +165,20 @@ inline bool PoolsRowPairs(const Geometry& g) {
   return g.k == 2 && g.s == 2 && g.p == 0 && g.H % 2 == 0 && g.W % 2 == 0 && g.W <= kPairRowsFloats;
 }
 
-/// Calls block_fn(first, count) over the tensor's planes x OH output rows in blocks whose
-/// input (count row pairs) halves into at most kPairRowsFloats floats, in parallel.
+/// Output rows per block of the 2x2 row-pair kernels: the block's input (row pairs) halves
+/// into at most kPairRowsFloats floats.
+inline std::int64_t RowPairBlockRows(const Geometry& g) {
+  return std::max<std::int64_t>(1, kPairRowsFloats / g.W);
+}
+
+/// Whether avgpool2d_grad runs by row pairs: rows of 16 or more already fill whole vectors
+/// plane by plane, and measured no faster so.
+inline bool AvgPoolGradRowPairs(const Geometry& g) { return PoolsRowPairs(g) && g.W < 16; }
+
+/// Calls block_fn(first, count) over the tensor's planes x OH output rows in blocks of
+/// RowPairBlockRows, in parallel.
 template <class F> inline void ForEachRowPairBlock(const Geometry& g, const F& block_fn) {
-  const std::int64_t rows = g.planes * g.OH,
-                     block = std::max<std::int64_t>(1, kPairRowsFloats / g.W);
+  const std::int64_t rows = g.planes * g.OH, block = RowPairBlockRows(g);
   const std::int64_t blocks = (rows + block - 1) / block;
   const std::int64_t grain = std::max<std::int64_t>(1, kMinTaskElements / (block * 2 * g.W));
   tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, blocks, grain),
@@ -240,7 +249,7 @@ inline void AvgPoolGradRowPairBlock(const float* dy, float* dx, const Geometry& 
 }
 
 /// avgpool2d_grad 2x2 by blocks of row pairs, in parallel.
-inline void AvgPoolGradRowPairs(const float* dy, float* dx, const Geometry& g) {
+inline void AvgPoolGradByRowPairs(const float* dy, float* dx, const Geometry& g) {
   ForEachRowPairBlock(g, [&](std::int64_t first, std::int64_t count)
                              HWY_ATTR { AvgPoolGradRowPairBlock(dy, dx, g, first, count); });
 }
@@ -483,9 +492,8 @@ inline void AvgPoolGrad(const KernelArgs& args) {
   const Geometry g = MakeGeometry(args.out.shape, args.in[0].shape, a);
   const float* dy = args.in[0].f32();
   float* dx = args.out.f32();
-  // Rows of 16 or more already fill whole vectors plane by plane, and measured no faster so.
-  if (PoolsRowPairs(g) && g.W < 16) {
-    AvgPoolGradRowPairs(dy, dx, g);
+  if (AvgPoolGradRowPairs(g)) {
+    AvgPoolGradByRowPairs(dy, dx, g);
     return;
   }
   const std::int64_t in_plane = g.H * g.W, out_plane = g.OH * g.OW;
@@ -683,13 +691,21 @@ inline bool SumsPairs(const GeometryNhwc& g) {
   return PoolsRowPairs(Geometry{0, g.H, g.W, 0, 0, g.k, g.s, g.p});
 }
 
+/// Calls block_fn(first, count) over the output rows of `planes` consecutive planes in blocks
+/// of RowPairBlockRows, on this thread.
+template <class F>
+inline void ForEachRowPairBlockOf(const Geometry& g, std::int64_t planes, const F& block_fn) {
+  const std::int64_t rows = planes * g.OH, block = RowPairBlockRows(g);
+  for (std::int64_t first = 0; first < rows; first += block)
+    block_fn(first, std::min(block, rows - first));
+}
+
 /// Means of every window of `planes` consecutive NCHW planes, on this thread.
 inline void AvgPoolPlanes(const float* x, float* y, const Geometry& g, std::int64_t planes) {
   if (PoolsRowPairs(g)) {
-    const std::int64_t rows = planes * g.OH,
-                       block = std::max<std::int64_t>(1, kPairRowsFloats / g.W);
-    for (std::int64_t first = 0; first < rows; first += block)
-      PoolRowPairBlock<false>(x, y, g, first, std::min(block, rows - first));
+    ForEachRowPairBlockOf(g, planes, [&](std::int64_t first, std::int64_t count) HWY_ATTR {
+      PoolRowPairBlock<false>(x, y, g, first, count);
+    });
     return;
   }
   const std::int64_t in_plane = g.H * g.W, out_plane = g.OH * g.OW;
@@ -699,11 +715,10 @@ inline void AvgPoolPlanes(const float* x, float* y, const Geometry& g, std::int6
 
 /// dx of `planes` consecutive NCHW planes from their dy, on this thread, as AvgPoolGrad.
 inline void AvgPoolGradPlanes(const float* dy, float* dx, const Geometry& g, std::int64_t planes) {
-  if (PoolsRowPairs(g) && g.W < 16) {
-    const std::int64_t rows = planes * g.OH,
-                       block = std::max<std::int64_t>(1, kPairRowsFloats / g.W);
-    for (std::int64_t first = 0; first < rows; first += block)
-      AvgPoolGradRowPairBlock(dy, dx, g, first, std::min(block, rows - first));
+  if (AvgPoolGradRowPairs(g)) {
+    ForEachRowPairBlockOf(g, planes, [&](std::int64_t first, std::int64_t count) HWY_ATTR {
+      AvgPoolGradRowPairBlock(dy, dx, g, first, count);
+    });
     return;
   }
   const std::int64_t in_plane = g.H * g.W, out_plane = g.OH * g.OW;
