@@ -1,5 +1,6 @@
 // What the training-step benchmarks share: their flags, alternating timed runs, and the
-// check that no other process took a core meanwhile (../shared/BENCHMARKING.md).
+// checks that no other process took a core meanwhile (../shared/BENCHMARKING.md) and that the
+// cores stayed as far apart as they started (core_distance.hpp).
 #pragma once
 
 #include <sys/resource.h>
@@ -9,11 +10,15 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "core_distance.hpp"
 #include "kiln/kiln.hpp"
 #include "kiln_tools/command_line.hpp"
 
@@ -94,11 +99,36 @@ struct Spread {
   }
 };
 
-/// Milliseconds per run of each executor, and how many cores other processes kept busy.
+/// Milliseconds per run of each executor, how many cores other processes kept busy, and the
+/// round trip between the outermost cores at the start of each round.
 struct Timing {
   std::vector<Spread> per_executor;
+  std::vector<std::vector<double>> per_round; ///< per executor, each round's ms, in order
   double other_cores = 0.0;
   double seconds = 0.0;
+  std::optional<std::pair<int, int>> cores; ///< the two cores timed; none on one core
+  std::vector<double> core_round_trip_ns;   ///< one per round where cores were timed
+
+  /// Whether the cores' distance changed during the run by more than half again: the host
+  /// moved them, and rounds on either side of the move are not comparable.
+  [[nodiscard]] bool cores_moved() const {
+    if (core_round_trip_ns.empty()) return false;
+    const auto [lo, hi] = std::minmax_element(core_round_trip_ns.begin(), core_round_trip_ns.end());
+    return *hi > 1.5 * *lo;
+  }
+
+  /// How many times faster executor `k` ran than executor `base`: the median over rounds of
+  /// the two's ratio in the same round. Pairing by round keeps a change of the machine's speed
+  /// between rounds (cores moved apart, a neighbour's load) out of the ratio, which the ratio
+  /// of two medians, each perhaps taken from different rounds, does not.
+  [[nodiscard]] double speedup(std::size_t k, std::size_t base) const {
+    std::vector<double> ratios;
+    for (std::size_t r = 0; r < per_round[k].size(); ++r)
+      ratios.push_back(per_round[base][r] / per_round[k][r]);
+    std::sort(ratios.begin(), ratios.end());
+    const std::size_t n = ratios.size();
+    return n % 2 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
+  }
 };
 
 namespace detail {
@@ -127,6 +157,7 @@ inline double own_cpu_seconds() {
 /// after a pause and one untimed call: thread pools spin for a while after their last task
 /// (libgomp's workers, oneTBB's), and a runner timed while the previous one's threads still
 /// spin would lose a core to them. `finishers[k]`, when given, waits for runner k's work.
+/// Each round starts by timing the round trip between the outermost cores.
 inline Timing time_alternately(const std::vector<std::function<void()>>& runners, int rounds,
                                int steps,
                                const std::vector<std::function<void()>>& finishers = {}) {
@@ -134,14 +165,21 @@ inline Timing time_alternately(const std::vector<std::function<void()>>& runners
   std::vector<std::vector<double>> ms(runners.size());
   const auto [busy0, total0] = detail::machine_jiffies();
   const double own0 = detail::own_cpu_seconds();
+  Timing t;
+  t.cores = outermost_cpus();
   const auto wall0 = clock::now();
-  for (int r = 0; r < rounds; ++r)
+  for (int r = 0; r < rounds; ++r) {
+    if (t.cores)
+      if (const auto ns = round_trip_ns(t.cores->first, t.cores->second))
+        t.core_round_trip_ns.push_back(*ns);
     for (std::size_t k = 0; k < runners.size(); ++k) {
       const auto finish = [&] {
         if (!finishers.empty()) finishers[k]();
       };
-      if (runners.size() > 1) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      // One runner alone still starts with an untimed call: timing the cores left its
+      // threads idle.
+      if (runners.size() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (runners.size() > 1 || t.cores) {
         runners[k]();
         finish();
       }
@@ -150,7 +188,7 @@ inline Timing time_alternately(const std::vector<std::function<void()>>& runners
       finish();
       ms[k].push_back(1000.0 * std::chrono::duration<double>(clock::now() - t0).count() / steps);
     }
-  Timing t;
+  }
   t.seconds = std::chrono::duration<double>(clock::now() - wall0).count();
   const auto [busy1, total1] = detail::machine_jiffies();
   const double cores = static_cast<double>(std::thread::hardware_concurrency());
@@ -158,7 +196,8 @@ inline Timing time_alternately(const std::vector<std::function<void()>>& runners
                               static_cast<double>(std::max(1LL, total1 - total0)) * cores *
                               t.seconds;
   t.other_cores = std::max(0.0, busy_seconds - (detail::own_cpu_seconds() - own0)) / t.seconds;
-  for (auto& m : ms) t.per_executor.emplace_back(std::move(m));
+  for (const auto& m : ms) t.per_executor.emplace_back(m);
+  t.per_round = std::move(ms);
   return t;
 }
 
@@ -173,11 +212,28 @@ inline Timing time_alternately(std::vector<kiln::Executor>& exes, int rounds, in
   return time_alternately(runners, rounds, steps, finishers);
 }
 
-/// The line every benchmark ends its table with.
+/// The lines every benchmark ends its table with: other processes' use of the cores, and the
+/// round trip between the outermost cores over the rounds.
 inline void print_neighbours(const Timing& t) {
   std::printf("other processes used %.2f of %u cores during the %.1f s run%s\n", t.other_cores,
               std::thread::hardware_concurrency(), t.seconds,
               t.other_cores > 0.1 ? ": busy machine, rerun before quoting" : "");
+  if (!t.cores || t.core_round_trip_ns.empty()) return;
+  const auto [lo, hi] =
+      std::minmax_element(t.core_round_trip_ns.begin(), t.core_round_trip_ns.end());
+  std::printf("cores %d and %d: a cache line's round trip took %.0f-%.0f ns over the rounds%s\n",
+              t.cores->first, t.cores->second, *lo, *hi,
+              t.cores_moved() ? ": the host moved the cores apart or together during the run, "
+                                "so its rounds are not comparable; rerun before quoting"
+                              : "");
+}
+
+/// The JSON of the same: the cores timed and each round's round trip in nanoseconds (empty
+/// on one core).
+inline nlohmann::json core_distance_json(const Timing& t) {
+  nlohmann::json j = {{"round_trip_ns", t.core_round_trip_ns}, {"moved", t.cores_moved()}};
+  if (t.cores) j["cores"] = {t.cores->first, t.cores->second};
+  return j;
 }
 
 } // namespace bench

@@ -107,6 +107,7 @@ kiln::Executor compile_tuned(const kiln::Graph& g, const kiln::Backend& backend,
 struct Row {
   std::string config;
   double ms = 0, min = 0, max = 0;
+  double speedup = 0; ///< over "all off", paired by round (bench::Timing::speedup)
   std::size_t kernels = 0, bytes = 0, peak = 0;
   double model_ms = 0; ///< the cost model's prediction
 };
@@ -186,10 +187,10 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
     for (std::size_t k = 0; k < exes.size(); ++k) {
       const kiln::Plan& plan = exes[k].plan();
       const bench::Spread& t = timing.per_executor[k];
-      rows.push_back({configs[k].name, t.median, t.min, t.max, plan.steps.size(), bytes_moved(plan),
-                      plan.memory.arena_bytes, 1000.0 * kiln::predicted_run_seconds(plan, peak)});
+      rows.push_back({configs[k].name, t.median, t.min, t.max, timing.speedup(k, exes.size() - 1),
+                      plan.steps.size(), bytes_moved(plan), plan.memory.arena_bytes,
+                      1000.0 * kiln::predicted_run_seconds(plan, peak)});
     }
-    const double base = rows.back().ms;
     target = exes[0].plan().target.isa;
     networks.push_back(network);
     speedups.emplace_back();
@@ -200,16 +201,16 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
                 "min..max", "speedup", "kernels", "MiB moved", "peak MiB", "model ms", "error");
     for (const Row& r : rows) {
       std::printf("%-20s %9.2f %8.2f..%-8.2f %7.2fx %8zu %12.1f %12.1f %9.2f %+5.0f%%\n",
-                  r.config.c_str(), r.ms, r.min, r.max, base / r.ms, r.kernels,
+                  r.config.c_str(), r.ms, r.min, r.max, r.speedup, r.kernels,
                   static_cast<double>(r.bytes) / 1048576.0, static_cast<double>(r.peak) / 1048576.0,
                   r.model_ms, 100.0 * (r.model_ms - r.ms) / r.ms);
-      speedups.back().push_back(base / r.ms);
+      speedups.back().push_back(r.speedup);
       results.push_back({{"network", network},
                          {"config", r.config},
                          {"ms_per_step", r.ms},
                          {"min", r.min},
                          {"max", r.max},
-                         {"speedup_vs_all_off", base / r.ms},
+                         {"speedup_vs_all_off", r.speedup},
                          {"kernels", r.kernels},
                          {"bytes_moved", r.bytes},
                          {"planned_peak_bytes", r.peak},
@@ -219,7 +220,8 @@ int run(const bench::StepFlags& flags, const std::string& device, const std::str
                          {"batch", batch},
                          {"target", target},
                          {"build_type", KILN_BUILD_TYPE},
-                         {"other_cores_busy", timing.other_cores}});
+                         {"other_cores_busy", timing.other_cores},
+                         {"core_distance", bench::core_distance_json(timing)}});
       if (r.config == "tuned") {
         results.back()["tuning_seconds"] = tuning.seconds;
         results.back()["cached_compile_ms"] = tuning.cached_compile_ms;

@@ -74,7 +74,7 @@ int run(const std::string& model, const std::string& device, std::vector<int> th
   for (std::size_t k = 0; k < exes.size(); ++k) {
     const bench::Spread& t = timing.per_executor[k];
     // Against the first thread count: speedup, and the share of the ideal (linear) speedup.
-    const double speedup = timing.per_executor[0].median / t.median;
+    const double speedup = timing.speedup(k, 0);
     const double efficiency = speedup * thread_counts[0] / static_cast<double>(thread_counts[k]);
     std::printf("%-8d %12.2f %10.2f..%-10.2f %12.0f %10.1f %8.2fx %10.0f%%\n", thread_counts[k],
                 t.median, t.min, t.max, 1000.0 * batch / t.median, gflop / (t.median / 1000.0),
@@ -94,7 +94,8 @@ int run(const std::string& model, const std::string& device, std::vector<int> th
               {"target", target},
               {"build_type", KILN_BUILD_TYPE},
               {"results", rows},
-              {"other_cores_busy", timing.other_cores}});
+              {"other_cores_busy", timing.other_cores},
+              {"core_distance", bench::core_distance_json(timing)}});
   return 0;
 }
 

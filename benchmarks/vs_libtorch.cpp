@@ -68,14 +68,15 @@ int run(const bench::StepFlags& flags) {
     if (bf16) contenders.emplace_back([&] { exe_bf16.run(); });
     const bench::Timing t = bench::time_alternately(contenders, rounds, steps);
     const double kiln_ms = t.per_executor[0].median, torch_ms = t.per_executor[1].median;
+    const double ratio = t.speedup(0, 1);
     // libtorch's timed blocks are short; its speed over a long run (as a user trains) must
     // agree, or the blocks caught a transient (a cold allocator, a pool that had gone to sleep).
     const double long_ms = long_run_ms(torch, 40.0 * steps * torch_ms);
-    std::printf("%-14s %10.2f %10.2f %9.2fx %12.0f", network, kiln_ms, torch_ms, torch_ms / kiln_ms,
+    std::printf("%-14s %10.2f %10.2f %9.2fx %12.0f", network, kiln_ms, torch_ms, ratio,
                 1000.0 * batch / kiln_ms);
     if (bf16) {
       const double bf16_ms = t.per_executor[2].median;
-      std::printf(" %13.2f %9.2fx", bf16_ms, torch_ms / bf16_ms);
+      std::printf(" %13.2f %9.2fx", bf16_ms, t.speedup(2, 1));
     }
     std::printf("   (libtorch over %.1f s: %.2f ms/step%s)\n", 40.0 * steps * torch_ms / 1000.0,
                 long_ms,
@@ -84,14 +85,15 @@ int run(const bench::StepFlags& flags) {
                     {"kiln_ms_per_step", kiln_ms},
                     {"torch_ms_per_step", torch_ms},
                     {"torch_long_run_ms_per_step", long_ms},
-                    {"speedup", torch_ms / kiln_ms},
+                    {"speedup", ratio},
                     {"threads", threads},
                     {"batch", batch},
                     {"target", target},
-                    {"other_cores_busy", t.other_cores}});
+                    {"other_cores_busy", t.other_cores},
+                    {"core_distance", bench::core_distance_json(t)}});
     if (bf16) {
       rows.back()["kiln_bf16_ms_per_step"] = t.per_executor[2].median;
-      rows.back()["bf16_speedup"] = torch_ms / t.per_executor[2].median;
+      rows.back()["bf16_speedup"] = t.speedup(2, 1);
     }
     bench::print_neighbours(t);
   }

@@ -127,7 +127,16 @@ rows = json.load(open(sys.argv[1]))["results"]
 assert [r["threads"] for r in rows] == [2, 1], rows
 assert rows[0]["speedup"] == 1.0 and rows[0]["efficiency"] == 1.0, rows[0]
 assert abs(rows[1]["speedup"] - rows[0]["ms_per_step"] / rows[1]["ms_per_step"]) < 1e-9, rows
-assert abs(rows[1]["efficiency"] - 2 * rows[1]["speedup"]) < 1e-9, rows' "$work/threads.json" ||
+assert abs(rows[1]["efficiency"] - 2 * rows[1]["speedup"]) < 1e-9, rows
+import os
+cpus = sorted(os.sched_getaffinity(0))
+distance = json.load(open(sys.argv[1]))["core_distance"]
+if len(cpus) > 1:
+    assert distance["cores"] == [cpus[0], cpus[-1]], distance
+    assert len(distance["round_trip_ns"]) == 1 and 1 < distance["round_trip_ns"][0] < 1e6, distance
+else:
+    assert "cores" not in distance and distance["round_trip_ns"] == [], distance
+assert distance["moved"] is False, distance' "$work/threads.json" ||
         fail "step_bench --threads 2,1 wrote the wrong rows: $(cat "$work/threads.json")"
     fi
     "$program" --rounds 1 --steps 1 --batch 8 --json "$work/bench.json" >/dev/null &&
