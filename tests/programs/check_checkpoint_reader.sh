@@ -2,7 +2,7 @@
 # A kiln checkpoint is readable without kiln: scripts/checkpoint_logits.py (Python's standard
 # library only) parses the safetensors file and the IDX images itself and gives the same logits
 # as kiln (checkpoint_logits), within |a-b| <= 1e-4 * max(1, |b|), for lenet5 after one epoch
-# on 8 test images and for mnist_cnn after the smoke run's 30 steps on 2.
+# on 8 test images and for mnist_cnn after the smoke run's 100 steps on 2.
 #   check_checkpoint_reader.sh MNIST_TRAIN CHECKPOINT_LOGITS DATA_DIR
 set -euo pipefail
 program="$1" kiln_reader="$2" data="$3"
