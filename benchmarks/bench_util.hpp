@@ -152,11 +152,19 @@ inline double own_cpu_seconds() {
 }
 } // namespace detail
 
+/// Untimed calls that start each block of timed steps last at least this long. A oneTBB
+/// worker idle for 20 ms joined its arena's next work 3.8 to 12 ms late on the Zen 5
+/// development host (multiples of the 4 ms scheduler tick; a thread pinned to the other core
+/// wakes in 40-140 us): one untimed call of a 0.65 ms step left most of the timed steps that
+/// followed it on one thread (LeNet-5: 1.10 ms a step against 0.64).
+inline constexpr std::chrono::milliseconds warm_up{20};
+
 /// Calls every runner `steps` times per round, the runners alternating within each round
 /// (A B A B ...) so that all of them see the same machine load. Each block of steps starts
-/// after a pause and one untimed call: thread pools spin for a while after their last task
-/// (libgomp's workers, oneTBB's), and a runner timed while the previous one's threads still
-/// spin would lose a core to them. `finishers[k]`, when given, waits for runner k's work.
+/// after a pause and untimed calls for at least `warm_up`: thread pools spin for a while after
+/// their last task (libgomp's workers, oneTBB's), and a runner timed while the previous one's
+/// threads still spin would lose a core to them; its own threads, asleep by then, must be
+/// awake before the timing starts. `finishers[k]`, when given, waits for runner k's work.
 /// Each round starts by timing the round trip between the outermost cores.
 inline Timing time_alternately(const std::vector<std::function<void()>>& runners, int rounds,
                                int steps,
@@ -176,13 +184,12 @@ inline Timing time_alternately(const std::vector<std::function<void()>>& runners
       const auto finish = [&] {
         if (!finishers.empty()) finishers[k]();
       };
-      // One runner alone still starts with an untimed call: timing the cores left its
-      // threads idle.
       if (runners.size() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      if (runners.size() > 1 || t.cores) {
+      const auto warm0 = clock::now();
+      do {
         runners[k]();
         finish();
-      }
+      } while (clock::now() - warm0 < warm_up);
       const auto t0 = clock::now();
       for (int s = 0; s < steps; ++s) runners[k]();
       finish();

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -137,6 +138,19 @@ inline double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+/// The median of a[i] / b[i]: two alternating measurements compared run by run, so that the
+/// machine's speed changing between runs (a virtual machine's cores moved apart) cancels out.
+/// A run of b that took no time makes a[i] infinitely slower, or equal if it took none either;
+/// no runs compare as equal.
+inline double median_ratio(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> ratios;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    ratios.push_back(b[i] > 0.0   ? a[i] / b[i]
+                     : a[i] > 0.0 ? std::numeric_limits<double>::infinity()
+                                  : 1.0);
+  return ratios.empty() ? 1.0 : median(std::move(ratios));
 }
 
 /// The parameters' values before tuning, put back after it: tuning runs training steps on
@@ -304,12 +318,12 @@ private:
       const auto seen = measured_.find(change);
       if (!model_sure &&
           (seen != measured_.end() || elapsed() + cost + verify_seconds() <= settings_.seconds)) {
-        const auto [rule, other] =
+        const Measured m =
             seen != measured_.end() ? seen->second : measure(std::move(w.lowered), w.difference);
-        measured_[change] = {rule, other};
-        record.candidates[0].measured_ms = 1e3 * rule;
-        record.candidates[1].measured_ms = 1e3 * other;
-        if (other < keep_share * rule) {
+        measured_[change] = m;
+        record.candidates[0].measured_ms = 1e3 * m.rule;
+        record.candidates[1].measured_ms = 1e3 * m.other;
+        if (m.other_over_rule < keep_share) {
           record.chosen = w.candidate.other;
           decisions_.choices[w.candidate.key] = w.candidate.other;
         }
@@ -333,9 +347,15 @@ private:
     return text;
   }
 
-  /// Median seconds per run of the differing kernels of the current plan and of `other`,
-  /// runs of the two alternating.
-  std::pair<double, double> measure(Lowered other, const Difference& d) {
+  /// Median seconds per run of the differing kernels of the current plan (`rule`) and of the
+  /// other choice's, and the median of their ratio run by run.
+  struct Measured {
+    double rule = 0.0, other = 0.0, other_over_rule = 1.0;
+  };
+
+  /// Measured times of the differing kernels of the current plan and of `other`, runs of the
+  /// two alternating.
+  Measured measure(Lowered other, const Difference& d) {
     Executor alt = open_tuning(std::move(other));
     alt.set_profiling(true);
     (void)profiled_run(alt);
@@ -349,7 +369,7 @@ private:
       rule_times.push_back(ta);
       other_times.push_back(tb);
     }
-    return {median(rule_times), median(other_times)};
+    return {median(rule_times), median(other_times), median_ratio(other_times, rule_times)};
   }
 
   /// Times the whole tuned step against the rules' step, alternately, and keeps the rules
@@ -373,7 +393,7 @@ private:
     }
     report_.rules_ms = 1e3 * median(rules_times);
     report_.tuned_ms = 1e3 * median(tuned_times);
-    if (report_.tuned_ms < verify_share * report_.rules_ms) {
+    if (median_ratio(tuned_times, rules_times) < verify_share) {
       report_.note =
           std::to_string(decisions_.choices.size()) + " decision(s) changed" + skipped_note();
       return;
@@ -394,10 +414,11 @@ private:
   static constexpr int rounds = 3, verify_rounds = 5;
   /// The model settles a decision for the rule when it predicts the other choice this many
   /// times slower; measured, the other choice is kept when it takes under this share of the
-  /// rule's time.
+  /// rule's time (the median of the runs' ratios).
   static constexpr double model_doubt = 2.0, keep_share = 0.97;
-  /// The tuned step replaces the rules' only when it takes under this share of their time: a
-  /// smaller gain is within the noise of a few runs on a shared machine.
+  /// The tuned step replaces the rules' only when it takes under this share of their time
+  /// (the median of the runs' ratios): a smaller gain is within the noise of a few runs on a
+  /// shared machine.
   static constexpr double verify_share = 0.99;
 
   TunerSettings settings_;
@@ -409,7 +430,7 @@ private:
   std::unique_ptr<Executor> base_;
   double step_seconds_ = 0.0;
   int skipped_ = 0;
-  std::map<std::string, std::pair<double, double>> measured_; ///< by change_text
+  std::map<std::string, Measured> measured_; ///< by change_text
   Decisions decisions_;
   std::map<std::string, std::string, std::less<>> lowered_choices_;
   TuningReport report_;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -309,6 +310,21 @@ TEST_CASE("tuner: at its time cap the rules decide what was not measured") {
     CHECK(d.candidates[0].measured_ms < 0.0);
     CHECK(d.chosen == d.rule);
   }
+}
+
+TEST_CASE("tuner: runs compared one by one keep a change of the machine's speed out of a ratio") {
+  using kiln::tuning_detail::median;
+  using kiln::tuning_detail::median_ratio;
+  // The other choice takes 0.95 of the rule's time in every pair of runs; the machine slowed
+  // threefold between the rule's third run and the other choice's.
+  const std::vector<double> rule = {1.0, 1.0, 1.0, 3.0, 3.0};
+  const std::vector<double> other = {0.95, 0.95, 2.85, 2.85, 2.85};
+  CHECK(median(other) / median(rule) == doctest::Approx(2.85));
+  CHECK(median_ratio(other, rule) == doctest::Approx(0.95));
+  CHECK(median_ratio({2.0, 4.0}, {1.0, 1.0}) == doctest::Approx(3.0));
+  CHECK(median_ratio({1.0}, {0.0}) == std::numeric_limits<double>::infinity());
+  CHECK(median_ratio({0.0}, {0.0}) == 1.0);
+  CHECK(median_ratio({}, {}) == 1.0);
 }
 
 TEST_CASE("tuner: a file that is not a tuning cache is neither read nor overwritten") {
