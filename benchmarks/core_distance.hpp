@@ -46,9 +46,14 @@ inline bool pin_to(int cpu) {
 } // namespace detail
 
 /// Nanoseconds of one round trip of a cache line between a thread on CPU `a` and one on CPU
-/// `b`: the median of `bursts` bursts of 256 round trips (about 0.1-0.5 ms in all). None where
-/// the threads cannot be pinned.
-inline std::optional<double> round_trip_ns(int a, int b, int bursts = 5) {
+/// `b`: the median of `bursts` bursts of 256 round trips (about 0.1-0.5 ms in all). A core busy
+/// with another process answers only when it is scheduled: after `limit` the probe stops and
+/// gives the time per round trip so far, counting the one unanswered as done, which is a lower
+/// bound. None where the threads cannot be pinned.
+inline std::optional<double>
+round_trip_ns(int a, int b, int bursts = 5,
+              std::chrono::milliseconds limit = std::chrono::milliseconds(20)) {
+  using clock = std::chrono::steady_clock;
   constexpr int trips = 256;
   alignas(64) std::atomic<int> ball{0};
   std::atomic<bool> pinned_b{false}, failed{false};
@@ -69,18 +74,24 @@ inline std::optional<double> round_trip_ns(int a, int b, int bursts = 5) {
   cpu_set_t original;
   const bool have_original = sched_getaffinity(0, sizeof original, &original) == 0;
   if (have_original && detail::pin_to(a)) {
-    while (!pinned_b && !failed) std::this_thread::yield();
-    for (int burst = 0; burst < bursts && !failed; ++burst) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < trips; ++i) {
+    const auto deadline = clock::now() + limit;
+    while (!pinned_b && !failed && clock::now() < deadline) std::this_thread::yield();
+    bool late = !pinned_b;
+    for (int burst = 0; burst < bursts && !failed && !late; ++burst) {
+      const auto t0 = clock::now();
+      int answered = 0;
+      while (answered < trips && !late) {
         const int v = ball.load(std::memory_order_relaxed) + 1;
         ball.store(v, std::memory_order_release);
-        while (ball.load(std::memory_order_acquire) == v) {
-        }
+        for (unsigned spins = 1; ball.load(std::memory_order_acquire) == v; ++spins)
+          if (spins % 4096 == 0 && clock::now() > deadline) {
+            late = true;
+            break;
+          }
+        if (!late) ++answered;
       }
-      ns.push_back(
-          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
-          trips);
+      ns.push_back(std::chrono::duration<double, std::nano>(clock::now() - t0).count() /
+                   (late ? answered + 1 : trips));
     }
   }
   done = true;
