@@ -125,9 +125,7 @@ struct Timing {
     std::vector<double> ratios;
     for (std::size_t r = 0; r < per_round[k].size(); ++r)
       ratios.push_back(per_round[base][r] / per_round[k][r]);
-    std::sort(ratios.begin(), ratios.end());
-    const std::size_t n = ratios.size();
-    return n % 2 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
+    return Spread(std::move(ratios)).median;
   }
 };
 

@@ -56,8 +56,7 @@ round_trip_ns(int a, int b, int bursts = 5,
   using clock = std::chrono::steady_clock;
   constexpr int trips = 256;
   alignas(64) std::atomic<int> ball{0};
-  std::atomic<bool> pinned_b{false}, failed{false};
-  std::atomic<bool> done{false};
+  std::atomic<bool> pinned_b{false}, failed{false}, done{false};
   std::thread answerer([&] {
     if (!detail::pin_to(b)) {
       failed = true;
